@@ -1,0 +1,1 @@
+"""Tools around the core: C compiler drivers, tar packaging."""
