@@ -1,0 +1,86 @@
+"""The ``kiln`` command line.
+
+Each subcommand lives in its own module ``kiln/cli/<name>_cmd.py`` exposing
+``register(subparsers)``, which adds an ``argparse`` sub-parser and sets its handler with
+``parser.set_defaults(func=run)`` where ``run(args) -> int``. Adding a subcommand means
+adding its module name to :data:`SUBCOMMANDS` and nothing else. Command modules must import
+heavy dependencies (ONNX, the compiler) inside ``run``, so ``kiln --help`` and the runtime
+commands work on a deploy-only machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from typing import Sequence
+
+from ..runtime.errors import KilnError
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+
+#: Subcommand modules, in ``--help`` order (``kiln.cli.<name>_cmd``).
+SUBCOMMANDS: list[str] = ["build", "run", "bench", "inspect", "demo"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every available subcommand registered."""
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="kiln", description="Kiln: compile deep-learning models into one shared library and run them."
+    )
+    parser.add_argument("--version", action="version", version=f"kiln {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and extra detail")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(f".{name}_cmd", __name__)
+        except ModuleNotFoundError as err:
+            if err.name == f"{__name__}.{name}_cmd":
+                continue  # not written yet / not shipped in this build
+            _register_unavailable(sub, name, err)
+            continue
+        except Exception as err:  # noqa: BLE001 - one broken command must not break the others
+            _register_unavailable(sub, name, err)
+            continue
+        mod.register(sub)
+    return parser
+
+
+def _register_unavailable(sub: argparse._SubParsersAction, name: str, err: BaseException) -> None:
+    p = sub.add_parser(name, help=f"(unavailable: {err})", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    def run(args: argparse.Namespace) -> int:
+        raise KilnError(f"'kiln {name}' is unavailable here: {type(err).__name__}: {err}")
+
+    p.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``kiln`` command; returns the process exit code.
+
+    User errors (:class:`~kiln.runtime.errors.KilnError`) print ``kiln: error: <message>`` on
+    one line and return 1; ``--verbose`` adds the traceback.
+    """
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KilnError as err:
+        if args.verbose:
+            traceback.print_exc()
+        msg = " ".join(str(err).split("\n")[0].split()) if not args.verbose else str(err)
+        print(f"kiln: error: {msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("kiln: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `kiln inspect x.so | head`
+        return 0

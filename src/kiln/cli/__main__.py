@@ -1,0 +1,5 @@
+"""``python -m kiln.cli``."""
+
+from . import main
+
+raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Fixed C text every generated translation unit starts with (helpers are ``static``)."""
+
+from __future__ import annotations
+
+C_PRELUDE = r"""
+#include <kiln/c_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#ifndef KILN_PRELUDE_DEFINED
+#define KILN_PRELUDE_DEFINED
+/* float16 <-> float32.  Use the compiler's _Float16 when it has one (F16C instructions with
+ * -mf16c), else exact round-to-nearest-even bit manipulation. */
+#if defined(__FLT16_MAX__) && !defined(KILN_NO_FLOAT16)
+static inline float kiln_h2f(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+static inline uint16_t kiln_f2h(float f) { _Float16 x = (_Float16)f; uint16_t h; memcpy(&h, &x, 2); return h; }
+#else
+static inline float kiln_h2f(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  float r;
+  if (e == 0) {
+    r = (float)m * 5.9604644775390625e-8f; /* m * 2^-24 */
+    memcpy(&u, &r, 4); u |= sign; memcpy(&r, &u, 4);
+    return r;
+  }
+  u = (e == 31) ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112u) << 23) | (m << 13));
+  memcpy(&r, &u, 4);
+  return r;
+}
+static inline uint16_t kiln_f2h(float f) {
+  uint32_t x; memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+  if (a >= 0x7f800000u) return (uint16_t)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
+  if (a < 0x38800000u) { /* half subnormal: round(|f| * 2^24) */
+    float af; memcpy(&af, &a, 4);
+    return (uint16_t)(sign | (uint32_t)nearbyintf(af * 16777216.0f));
+  }
+  a += 0xfffu + ((a >> 13) & 1u);
+  return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
+}
+#endif
+/* bfloat16 is the top half of a float32; round to nearest even, keep NaNs quiet. */
+static inline float kiln_bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t kiln_f2bf(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+/* NaN-propagating min/max (numpy.maximum semantics), written so compilers vectorize them. */
+static inline float kiln_fmaxf(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float kiln_fminf(float a, float b) { return (a < b || a != a) ? a : b; }
+static inline double kiln_fmax(double a, double b) { return (a > b || a != a) ? a : b; }
+static inline double kiln_fmin(double a, double b) { return (a < b || a != a) ? a : b; }
+#define KILN_INT_HELPERS(T, S) \
+  static inline T kiln_max_##S(T a, T b) { return a > b ? a : b; } \
+  static inline T kiln_min_##S(T a, T b) { return a < b ? a : b; } \
+  static inline T kiln_floordiv_##S(T a, T b) { T q = a / b, r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; } \
+  static inline T kiln_floormod_##S(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+KILN_INT_HELPERS(int8_t, i8)
+KILN_INT_HELPERS(int16_t, i16)
+KILN_INT_HELPERS(int32_t, i32)
+KILN_INT_HELPERS(int64_t, i64)
+KILN_INT_HELPERS(uint8_t, u8)
+KILN_INT_HELPERS(uint16_t, u16)
+KILN_INT_HELPERS(uint32_t, u32)
+KILN_INT_HELPERS(uint64_t, u64)
+static const char* kiln_dtype_str(DLDataType t, char* buf, size_t n) {
+  const char* base = t.code == 0 ? "int" : t.code == 1 ? "uint" : t.code == 2 ? "float" : t.code == 4 ? "bfloat"
+                   : t.code == 6 ? "bool" : "code";
+  if (t.code == 6) snprintf(buf, n, "bool");
+  else if (t.lanes != 1) snprintf(buf, n, "%s%dx%d", base, t.bits, t.lanes);
+  else snprintf(buf, n, "%s%d", base, t.bits);
+  return buf;
+}
+static const char* kiln_shape_str(const DLTensor* t, char* buf, size_t n) {
+  size_t k = 0;
+  k += (size_t)snprintf(buf + k, n - k, "(");
+  for (int32_t i = 0; i < t->ndim && k < n; ++i)
+    k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+  if (k < n) snprintf(buf + k, n - k, t->ndim == 1 ? ",)" : ")");
+  return buf;
+}
+static int32_t kiln_arg_error(const char* fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  KilnAPISetLastError(msg);
+  return -1;
+}
+/* Checks one DLTensor argument against the buffer the kernel was compiled for. */
+static int32_t kiln_check_tensor(const char* fn, int32_t i, const char* name, int32_t* type_codes, KilnValue* args,
+                                 int32_t ndim, const int64_t* shape, uint8_t code, uint8_t bits) {
+  char a[160], b[160];
+  if (type_codes[i] != kKilnDLTensorHandle)
+    return kiln_arg_error("%s: argument %d (%s) expected a DLTensor (type code 7), got type code %d", fn, i, name,
+                          type_codes[i]);
+  const DLTensor* t = (const DLTensor*)args[i].v_handle;
+  if (t == NULL) return kiln_arg_error("%s: argument %d (%s) is a NULL DLTensor", fn, i, name);
+  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+    return kiln_arg_error("%s: argument %d (%s) expected a CPU tensor, got device type %d", fn, i, name,
+                          t->device.device_type);
+  DLDataType want = {code, bits, 1};
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1)
+    return kiln_arg_error("%s: argument %d (%s) expected dtype %s, got %s", fn, i, name,
+                          kiln_dtype_str(want, a, sizeof(a)), kiln_dtype_str(t->dtype, b, sizeof(b)));
+  DLTensor w;
+  memset(&w, 0, sizeof(w));
+  w.ndim = ndim;
+  w.shape = (int64_t*)shape;
+  if (t->ndim != ndim)
+    return kiln_arg_error("%s: argument %d (%s) expected ndim %d with shape %s, got ndim %d with shape %s", fn, i,
+                          name, ndim, kiln_shape_str(&w, a, sizeof(a)), t->ndim, kiln_shape_str(t, b, sizeof(b)));
+  for (int32_t k = 0; k < ndim; ++k)
+    if (t->shape[k] != shape[k])
+      return kiln_arg_error("%s: argument %d (%s) expected shape %s, got %s", fn, i, name,
+                            kiln_shape_str(&w, a, sizeof(a)), kiln_shape_str(t, b, sizeof(b)));
+  if (t->strides != NULL) {
+    int64_t expect = 1;
+    for (int32_t k = ndim - 1; k >= 0; --k) {
+      if (shape[k] != 1 && t->strides[k] != expect)
+        return kiln_arg_error("%s: argument %d (%s) must be compact row-major (stride of dim %d is %lld, expected %lld)",
+                              fn, i, name, k, (long long)t->strides[k], (long long)expect);
+      expect *= shape[k];
+    }
+  }
+  return 0;
+}
+#endif /* KILN_PRELUDE_DEFINED */
+"""

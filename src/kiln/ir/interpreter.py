@@ -1,0 +1,105 @@
+"""Reference interpreter: runs a graph with the NumPy ``ref`` of every op.
+
+Slow but simple; it is the oracle the compiler tests compare kernels and passes against.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..runtime.errors import InputError, KilnError
+from .graph import Graph, Value
+from .op import get_op
+from .types import np_dtype
+
+__all__ = ["evaluate"]
+
+
+def _as_array(name: str, v: Value, x: Any) -> np.ndarray:
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.numpy()
+    arr = np.asarray(x)
+    want = np_dtype(v.dtype)
+    if arr.dtype != want:
+        # Python scalars / lists arrive with default dtypes; accept lossless-enough casts.
+        if isinstance(x, np.ndarray):
+            raise InputError(f"input {name!r} must have dtype {v.dtype}, got {arr.dtype}")
+        arr = arr.astype(want)
+    if arr.shape != v.shape:
+        raise InputError(f"input {name!r} must have shape {v.shape}, got {arr.shape}")
+    return arr
+
+
+def evaluate(graph: Graph, inputs: Mapping[str, Any] | Sequence[Any] | None = None,
+             params: Mapping[str, Any] | None = None) -> list[np.ndarray]:
+    """Run ``graph`` on NumPy arrays using the op reference implementations.
+
+    Parameters
+    ----------
+    graph : Graph
+    inputs : dict or sequence
+        Input arrays by name, or positionally for the leading graph inputs.
+    params : dict, optional
+        More named arrays (parameters), merged with ``inputs``.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        One array per graph output.
+
+    Raises
+    ------
+    InputError
+        Missing, unknown, or mistyped inputs.
+    """
+    named: dict[str, Any] = {}
+    if isinstance(inputs, Mapping):
+        named.update(inputs)
+    elif inputs is not None:
+        inputs = list(inputs)
+        if len(inputs) > len(graph.inputs):
+            raise InputError(f"got {len(inputs)} positional inputs, graph has "
+                             f"{len(graph.inputs)}")
+        for v, x in zip(graph.inputs, inputs):
+            named[v.name] = x
+    if params:
+        named.update(params)
+    known = {v.name for v in graph.inputs}
+    unknown = sorted(set(named) - known)
+    if unknown:
+        raise InputError(f"unknown input name(s) {unknown}; graph inputs: {sorted(known)}")
+    env: dict[Value, np.ndarray] = {}
+    missing = [v.name for v in graph.inputs if v.name not in named]
+    if missing:
+        raise InputError(f"missing value for graph input(s) {missing}")
+    for v in graph.inputs:
+        env[v] = _as_array(v.name, v, named[v.name])
+    # Free intermediates after their last use to keep memory bounded on real models.
+    last_use: dict[Value, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last_use[v] = i
+    keep = set(graph.outputs)
+    for i, node in enumerate(graph.nodes):
+        args = [env[v] for v in node.inputs]
+        try:
+            outs = get_op(node.op).ref(args, node.attrs)
+        except KilnError:
+            raise
+        except Exception as exc:  # an op reference failed: say which node
+            raise KilnError(f"evaluating {node.op} node {node.name!r} failed: {exc}") from exc
+        for v, arr in zip(node.outputs, outs):
+            arr = np.asarray(arr)
+            want = np_dtype(v.dtype)
+            if arr.dtype != want:
+                arr = arr.astype(want)
+            if arr.shape != v.shape:
+                raise KilnError(f"{node.op} node {node.name!r}: reference produced shape "
+                                f"{arr.shape}, type says {v.shape}")
+            env[v] = arr
+        for v in node.inputs:
+            if last_use.get(v) == i and v not in keep and v.node is not None:
+                env.pop(v, None)
+    return [env[v] for v in graph.outputs]

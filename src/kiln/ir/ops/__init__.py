@@ -1,0 +1,11 @@
+"""Built-in IR operators. Importing this package registers all of them.
+
+See ``docs/ir.md`` for the table of op names, attributes and fusion patterns.
+"""
+
+from . import elemwise, nn, reduce, transform  # noqa: F401
+from .reduce import normalize_axes
+from .transform import normalize_slice
+from .nn import resize_source_coord
+
+__all__ = ["normalize_axes", "normalize_slice", "resize_source_coord"]

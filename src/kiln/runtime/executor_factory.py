@@ -1,0 +1,242 @@
+"""The executor factory: graph JSON + kernel library + params, as one exportable module.
+
+``kiln.build`` returns an :class:`ExecutorFactoryModule`. It is a :class:`~kiln.runtime.Module`
+(type key ``"GraphExecutorFactory"``) whose single import is the kernel library, so
+``factory.export_library("m.so")`` writes one file holding the kernels (compiled into the
+library) and the graph + params (this module's :meth:`~ExecutorFactoryModule.save_to_binary`
+payload in the module blob). ``load_module("m.so")["default"](dev)`` restores it.
+
+Binary payload (little-endian), see ``docs/executor.md``::
+
+    u64 len, graph JSON (UTF-8)
+    u64 len, module name (UTF-8)
+    u64 len, params (the save_param_dict format)
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable, Iterator, Mapping
+
+from .errors import FormatError, InputError
+from .graph_json import Graph, load_graph_json
+from .module import Module
+from .registry import register_loader
+
+__all__ = ["ExecutorFactoryModule", "loadbinary_GraphExecutorFactory", "TYPE_KEY"]
+
+TYPE_KEY = "GraphExecutorFactory"
+
+
+def _to_ndarrays(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    from . import ndarray as nd
+
+    out: dict[str, Any] = {}
+    for k, v in (params or {}).items():
+        if not isinstance(k, str):
+            raise InputError(f"param names must be strings, got {k!r}")
+        out[k] = v if isinstance(v, nd.NDArray) else nd.array(v)
+    return out
+
+
+class ExecutorFactoryModule(Module):
+    """A compiled model: graph JSON, kernel library and parameters.
+
+    Parameters
+    ----------
+    graph_json : str
+        The graph (validated now, so a bad graph fails at build time, not at deploy time).
+    lib : Module or None
+        The kernels; becomes this module's import. ``None`` is used by the loader, which
+        attaches the library as an import afterwards.
+    params : dict of str to array-like, optional
+        Parameter values (NDArray, NumPy or DLPack), keyed by argument-node name.
+    mod_name : str
+        Name of the creation function (``factory[mod_name](dev)``).
+
+    Examples
+    --------
+    >>> factory = kiln.runtime.ExecutorFactoryModule(graph_json, lib, params)
+    >>> m = kiln.GraphModule(factory["default"](kiln.cpu()))
+    >>> graph_json, lib, params = factory
+    """
+
+    type_key = TYPE_KEY
+
+    def __init__(
+        self,
+        graph_json: str,
+        lib: Module | None,
+        params: Mapping[str, Any] | None = None,
+        mod_name: str = "default",
+    ) -> None:
+        super().__init__()
+        if not isinstance(mod_name, str) or not mod_name:
+            raise InputError(f"mod_name must be a non-empty string, got {mod_name!r}")
+        if isinstance(graph_json, Graph):
+            self._graph = graph_json
+        else:
+            self._graph = load_graph_json(graph_json)
+        self.graph_json: str = self._graph.json_text
+        self.mod_name = mod_name
+        self.params: dict[str, Any] = _to_ndarrays(params)
+        arg_names = {self._graph.nodes[n].name for n in self._graph.arg_nodes}
+        unknown = sorted(k for k in self.params if k not in arg_names)
+        if unknown:
+            raise InputError(
+                f"ExecutorFactoryModule: params {unknown} are not argument nodes of the graph; "
+                f"arguments: {sorted(arg_names)}"
+            )
+        if lib is not None:
+            self.import_module(lib)
+
+    # ---- accessors ------------------------------------------------------------------------
+    def get_graph_json(self) -> str:
+        """The graph JSON text."""
+        return self.graph_json
+
+    def get_graph_params(self) -> dict[str, Any]:
+        """The parameters as a dict of name to NDArray (the factory's own arrays)."""
+        return dict(self.params)
+
+    get_params = get_graph_params
+
+    def get_lib(self) -> Module | None:
+        """The kernel library (this module's first import)."""
+        imports = self.imported_modules
+        return imports[0] if imports else None
+
+    @property
+    def lib(self) -> Module | None:
+        """Alias of :meth:`get_lib`."""
+        return self.get_lib()
+
+    def __iter__(self) -> Iterator[Any]:
+        """``graph_json, lib, params = factory`` (as TVM's build result unpacks)."""
+        return iter((self.graph_json, self.get_lib(), self.get_graph_params()))
+
+    # ---- executors ------------------------------------------------------------------------
+    def create(self, *devices: Any) -> Any:
+        """Create an executor with the params loaded (what ``factory[mod_name](*devices)`` does).
+
+        Parameters
+        ----------
+        *devices : Device
+            Devices to run on (default ``kiln.cpu()``).
+
+        Returns
+        -------
+        GraphModule
+            Wrap it again with ``kiln.GraphModule(...)`` if you like; both work.
+        """
+        from .graph_executor import GraphExecutor, GraphModule
+
+        lib = self._require_lib()
+        if len(devices) == 1 and isinstance(devices[0], (list, tuple)):
+            devices = tuple(devices[0])
+        m = GraphModule(GraphExecutor(self._graph, lib, devices))
+        if self.params:
+            m.load_params(self.params)
+        return m
+
+    def debug_create(self, mod_name: str | None = None, *devices: Any, dump_root: str | None = None) -> Any:
+        """Create a :class:`~kiln.runtime.debug_executor.GraphModuleDebug` with the params loaded.
+
+        Parameters
+        ----------
+        mod_name : str, optional
+            Must be this factory's name (kept for TVM compatibility).
+        *devices : Device
+        dump_root : str, optional
+            Directory for dumps (default: a new temporary directory).
+        """
+        from .debug_executor import GraphModuleDebug
+        from .graph_executor import GraphExecutor
+
+        if mod_name is not None and not isinstance(mod_name, str):
+            # debug_create(dev) without a name
+            devices = (mod_name,) + devices
+            mod_name = None
+        if mod_name is not None and mod_name != self.mod_name:
+            raise InputError(f"debug_create: this factory's module is {self.mod_name!r}, not {mod_name!r}")
+        if len(devices) == 1 and isinstance(devices[0], (list, tuple)):
+            devices = tuple(devices[0])
+        m = GraphModuleDebug(GraphExecutor(self._graph, self._require_lib(), devices), dump_root=dump_root)
+        if self.params:
+            m.load_params(self.params)
+        return m
+
+    def remove_params(self) -> "ExecutorFactoryModule":
+        """A factory with the same graph and library but no params (ship weights separately)."""
+        return ExecutorFactoryModule(self._graph, self.get_lib(), None, self.mod_name)
+
+    def _require_lib(self) -> Module:
+        lib = self.get_lib()
+        if lib is None:
+            raise InputError("this executor factory has no kernel library (no imported module)")
+        return lib
+
+    def _get_local_function(self, name: str) -> Callable[..., Any] | None:
+        if name == self.mod_name:
+            return self.create
+        table: dict[str, Callable[..., Any]] = {
+            "get_graph_json": self.get_graph_json,
+            "get_graph_params": self.get_graph_params,
+            "get_params": self.get_graph_params,
+            "get_lib": self.get_lib,
+            "debug_create": self.debug_create,
+            "remove_params": self.remove_params,
+        }
+        return table.get(name)
+
+    # ---- serialization --------------------------------------------------------------------
+    def save_to_binary(self) -> bytes:
+        """Graph JSON, module name and params (``save_param_dict`` bytes), each u64-length-prefixed."""
+        from .params import save_param_dict
+
+        parts = []
+        for b in (self.graph_json.encode("utf-8"), self.mod_name.encode("utf-8"), save_param_dict(self.params)):
+            parts.append(struct.pack("<Q", len(b)))
+            parts.append(b)
+        return b"".join(parts)
+
+    def __repr__(self) -> str:
+        return (
+            f"ExecutorFactoryModule(mod_name={self.mod_name!r}, nodes={len(self._graph.nodes)}, "
+            f"params={len(self.params)}, lib={type(self.get_lib()).__name__})"
+        )
+
+
+def loadbinary_GraphExecutorFactory(payload: bytes) -> ExecutorFactoryModule:
+    """Loader registered for type key ``"GraphExecutorFactory"`` (the module blob calls it).
+
+    The kernel library is attached afterwards as the module's import by the blob loader.
+
+    Raises
+    ------
+    FormatError
+        On a truncated payload or a bad graph / params section.
+    """
+    from .params import load_param_dict
+
+    data = memoryview(payload)
+    pos = 0
+    fields = []
+    for what in ("graph JSON", "module name", "params"):
+        if pos + 8 > len(data):
+            raise FormatError(f"GraphExecutorFactory payload: truncated before the {what} length (offset {pos})")
+        (n,) = struct.unpack_from("<Q", data, pos)
+        pos += 8
+        if pos + n > len(data):
+            raise FormatError(
+                f"GraphExecutorFactory payload: {what} needs {n} bytes at offset {pos}, only {len(data) - pos} left"
+            )
+        fields.append(bytes(data[pos : pos + n]))
+        pos += n
+    graph_json = fields[0].decode("utf-8")
+    mod_name = fields[1].decode("utf-8")
+    params = load_param_dict(fields[2]) if fields[2] else {}
+    return ExecutorFactoryModule(graph_json, None, params, mod_name)
+
+
+register_loader(TYPE_KEY, loadbinary_GraphExecutorFactory, override=True)

@@ -1,0 +1,152 @@
+"""A loaded shared library as a runtime module (type key ``"library"``)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, Callable
+
+from . import _ffi
+from .errors import FormatError, FunctionNotFoundError, KilnError, KilnFileNotFoundError
+from .module import Module, PackedFunction
+
+__all__ = ["LibraryModule", "CRT_FUNCTIONS"]
+
+#: Functions the Kiln crt exports into every library; they are services, not packed
+#: kernels, so ``get_function`` never hands them out (calling them packed would crash).
+CRT_FUNCTIONS: frozenset[str] = frozenset(
+    {"KilnRunSequence", "KilnGetLastError", "KilnSetNumThreads", "KilnGetNumThreads", "KilnABIVersion"}
+)
+
+# Symbols that are never packed functions even though ELF says FUNC.
+_NEVER_KERNELS = frozenset({"_init", "_fini"})
+
+
+class LibraryModule(Module):
+    """A shared library opened with ``dlopen(RTLD_NOW | RTLD_LOCAL)``.
+
+    Parameters
+    ----------
+    path : str
+        Path of the ``.so``.
+    exported : iterable of str, optional
+        The library's exported function names (from its ELF symbol table). When given,
+        only these are handed out by :meth:`get_function`, which guards against calling a
+        data symbol or a crt service with the packed signature.
+    keepalive : object, optional
+        Kept as long as the module lives (e.g. a finalizer that removes a temp directory).
+
+    Notes
+    -----
+    A loaded library cannot be compiled into another one: ``is_dso_exportable`` is false,
+    and exporting a tree that contains it raises; copy the original file instead.
+    """
+
+    type_key = "library"
+
+    def __init__(self, path: str | os.PathLike, exported: Any = None, keepalive: Any = None) -> None:
+        super().__init__()
+        self.path = os.path.abspath(os.fspath(path))
+        if not os.path.exists(self.path):
+            raise KilnFileNotFoundError(f"no such file: {self.path}")
+        try:
+            self._lib = ctypes.CDLL(self.path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as err:
+            raise FormatError(f"{self.path}: cannot load as a shared library: {err}") from err
+        self._exported: frozenset[str] | None = frozenset(exported) if exported is not None else None
+        self._keepalive = keepalive
+        self._funcs: dict[str, PackedFunction] = {}
+        self._get_last_error = self._service("KilnGetLastError", ctypes.c_char_p, [])
+        self._run_seq = self._service(
+            "KilnRunSequence", ctypes.c_int32, [ctypes.POINTER(_ffi.KilnOpCall), ctypes.c_int32]
+        )
+        self._set_threads = self._service("KilnSetNumThreads", None, [ctypes.c_int32])
+        self._get_threads = self._service("KilnGetNumThreads", ctypes.c_int32, [])
+
+    def _service(self, name: str, restype: Any, argtypes: list[Any]) -> Any:
+        try:
+            f = self._lib[name]
+        except AttributeError:
+            return None
+        f.restype = restype
+        f.argtypes = argtypes
+        return f
+
+    # ---- symbols -------------------------------------------------------------------
+    def native_address(self, symbol: str) -> int | None:
+        """Address of any exported symbol (function or data), or ``None`` if absent."""
+        try:
+            return ctypes.cast(self._lib[symbol], ctypes.c_void_p).value
+        except AttributeError:
+            return None
+
+    def list_functions(self) -> list[str] | None:
+        """Kernel names this library exports (``None`` when unknown, i.e. not ELF-inspected)."""
+        if self._exported is None:
+            return None
+        return sorted(n for n in self._exported if n not in CRT_FUNCTIONS and n not in _NEVER_KERNELS)
+
+    def _get_local_function(self, name: str) -> PackedFunction | None:
+        f = self._funcs.get(name)
+        if f is not None:
+            return f
+        if name in CRT_FUNCTIONS or name in _NEVER_KERNELS:
+            return None
+        if self._exported is not None and name not in self._exported:
+            return None
+        addr = self.native_address(name)
+        if addr is None:
+            return None
+        f = PackedFunction(name, address=addr, module=self, last_error=self.last_error)
+        self._funcs[name] = f
+        return f
+
+    # ---- crt services ----------------------------------------------------------------
+    def _require(self, fn: Any, name: str) -> Any:
+        if fn is None:
+            raise KilnError(f"{self.path}: library has no {name} (it was not linked with the Kiln crt)")
+        return fn
+
+    def last_error(self) -> str:
+        """Error message recorded by the last failing call on this thread (``""`` if none)."""
+        if self._get_last_error is None:
+            return ""
+        msg = self._get_last_error()
+        return msg.decode("utf-8", "replace") if msg else ""
+
+    def run_sequence(self, calls: Any, n: int) -> int:
+        """Run ``calls[0..n)`` (a ctypes array of ``KilnOpCall``) natively.
+
+        Returns
+        -------
+        int
+            -1 on success, else the index of the failing call.
+        """
+        return self._require(self._run_seq, "KilnRunSequence")(calls, n)
+
+    @property
+    def run_sequence_cfunc(self) -> Callable[..., int]:
+        """The raw ctypes ``KilnRunSequence`` (for callers that want to skip one Python frame)."""
+        return self._require(self._run_seq, "KilnRunSequence")
+
+    def set_num_threads(self, n: int) -> None:
+        """Thread count of this library's parallel loops (0: ``$KILN_NUM_THREADS`` or all cores)."""
+        self._require(self._set_threads, "KilnSetNumThreads")(int(n))
+
+    def get_num_threads(self) -> int:
+        """Thread count of this library's parallel loops."""
+        return int(self._require(self._get_threads, "KilnGetNumThreads")())
+
+    # ---- module protocol -----------------------------------------------------------------
+    @property
+    def is_dso_exportable(self) -> bool:
+        return False
+
+    def save(self, path: str | os.PathLike, fmt: str = "") -> None:
+        raise KilnError(
+            f"a loaded library cannot be saved or re-exported; copy {self.path} instead "
+            "or export the original (unloaded) modules"
+        )
+
+    def __repr__(self) -> str:
+        return f"LibraryModule({self.path!r}, imports={len(self._import_list())})"

@@ -1,0 +1,120 @@
+"""Scalar data types of the loop IR, spelled as strings ("float32", "int64", "bool", ...).
+
+Kiln uses plain strings for dtypes everywhere in the compiler (the same names NumPy and
+:mod:`kiln.runtime.dtype` use) so that a dtype can be printed, hashed and compared without
+ceremony.  This module answers the few questions the IR asks about them.
+"""
+
+from __future__ import annotations
+
+from ..runtime.errors import CompileError
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "check_dtype",
+    "is_float",
+    "is_int",
+    "is_uint",
+    "is_integer",
+    "is_bool",
+    "bits_of",
+    "dl_code",
+    "min_value",
+    "max_value",
+]
+
+# name -> (DLPack type code, bits)
+_DL: dict[str, tuple[int, int]] = {
+    "bool": (6, 8),
+    "int8": (0, 8),
+    "int16": (0, 16),
+    "int32": (0, 32),
+    "int64": (0, 64),
+    "uint8": (1, 8),
+    "uint16": (1, 16),
+    "uint32": (1, 32),
+    "uint64": (1, 64),
+    "float16": (2, 16),
+    "float32": (2, 32),
+    "float64": (2, 64),
+    "bfloat16": (4, 16),
+}
+
+SUPPORTED_DTYPES: tuple[str, ...] = tuple(_DL)
+
+
+def check_dtype(dtype: object) -> str:
+    """Normalise a dtype (string, NumPy dtype or type) to its canonical name.
+
+    Raises
+    ------
+    CompileError
+        If the dtype is not one the code generators support.
+    """
+    if dtype == "handle":
+        return "handle"
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None) or getattr(dtype, "__name__", str(dtype))
+    if name == "float":
+        name = "float32"
+    elif name == "int":
+        name = "int32"
+    if name not in _DL:
+        raise CompileError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    return name
+
+
+def is_float(dtype: str) -> bool:
+    """True for every floating-point dtype, including float16 and bfloat16."""
+    return dtype in ("float16", "float32", "float64", "bfloat16")
+
+
+def is_int(dtype: str) -> bool:
+    """True for signed integer dtypes."""
+    return dtype.startswith("int")
+
+
+def is_uint(dtype: str) -> bool:
+    """True for unsigned integer dtypes."""
+    return dtype.startswith("uint")
+
+
+def is_integer(dtype: str) -> bool:
+    """True for signed or unsigned integer dtypes (not bool)."""
+    return is_int(dtype) or is_uint(dtype)
+
+
+def is_bool(dtype: str) -> bool:
+    """True for the boolean dtype."""
+    return dtype == "bool"
+
+
+def bits_of(dtype: str) -> int:
+    """Storage width in bits (bool is stored as one byte, like DLPack)."""
+    if dtype == "handle":
+        return 64
+    return _DL[dtype][1]
+
+
+def dl_code(dtype: str) -> int:
+    """DLPack type code of ``dtype`` (0 int, 1 uint, 2 float, 4 bfloat, 6 bool)."""
+    return _DL[dtype][0]
+
+
+def min_value(dtype: str) -> float | int:
+    """Smallest value of ``dtype`` (``-inf`` for floats); the identity of ``max`` reductions."""
+    if is_float(dtype):
+        return float("-inf")
+    if is_bool(dtype):
+        return 0
+    b = bits_of(dtype)
+    return 0 if is_uint(dtype) else -(1 << (b - 1))
+
+
+def max_value(dtype: str) -> float | int:
+    """Largest value of ``dtype`` (``inf`` for floats); the identity of ``min`` reductions."""
+    if is_float(dtype):
+        return float("inf")
+    if is_bool(dtype):
+        return 1
+    b = bits_of(dtype)
+    return (1 << b) - 1 if is_uint(dtype) else (1 << (b - 1)) - 1

@@ -1,0 +1,474 @@
+"""Lowering: a :class:`kiln.te.Schedule` plus argument tensors → a :class:`PrimFunc`.
+
+Steps
+-----
+1. *Inline*: the bodies of ``compute_inline`` stages are substituted into their readers.
+2. *Loop nests*: every root stage gets a loop nest over its leaf iteration variables, in
+   topological order; split / fuse relations are turned into index arithmetic, and a
+   split whose factor does not divide the extent gets a guard (turned into a shorter loop
+   extent where the guard is ``inner < bound`` on the innermost variable it uses).
+3. *Reductions*: when all reduce loops are innermost the result is accumulated in a
+   one-element local buffer (a register after C/LLVM optimisation) and stored once;
+   otherwise the output is initialised by its own loop nest before the update nest.
+4. *compute_at*: an attached stage is computed inside its consumer's loop; the region it
+   must produce is inferred from the consumer's accesses (interval analysis on the linear
+   index forms), it is stored in a buffer of that region's size and read with an offset.
+5. Non-argument root stages become :class:`Allocate` s around the whole body; the codegen
+   decides stack vs workspace by size.  The result is simplified.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from ..runtime.errors import CompileError
+from .expr import IntImm, Load, PrimExpr, ProducerLoad, Reduce, Var, binary, const
+from .functor import Mutator, collect_vars, post_order_visit, substitute
+from .simplify import INF, Analyzer, simplify_stmt
+from .stmt import Allocate, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
+
+__all__ = ["lower"]
+
+
+def _ceildiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Inliner(Mutator):
+    """Replaces reads of inlined operations by their (already inlined) bodies."""
+
+    def __init__(self, bodies: dict[int, list[PrimExpr]], inlined: set[int]) -> None:
+        self.bodies, self.inlined = bodies, inlined
+
+    def visit_ProducerLoad(self, e: ProducerLoad) -> PrimExpr:
+        idx = [self.expr(i) for i in e.indices]
+        op = e.producer.op
+        if id(op) in self.inlined:
+            body = self.bodies[id(op)][e.producer.value_index]
+            return substitute(body, {iv.var: i for iv, i in zip(op.axis, idx)})
+        return ProducerLoad(e.producer, idx)
+
+
+class _Resolver(Mutator):
+    """ProducerLoad → Load of the tensor's buffer, minus the region offset of attached stages."""
+
+    def __init__(self, tmap: dict[Any, tuple[Buffer, list[PrimExpr] | None]]) -> None:
+        self.tmap = tmap
+
+    def visit_ProducerLoad(self, e: ProducerLoad) -> PrimExpr:
+        idx = [self.expr(i) for i in e.indices]
+        ent = self.tmap.get(e.producer)
+        if ent is None:
+            raise CompileError(f"internal: tensor {e.producer.name} has no buffer at this point of the loop nest")
+        buf, off = ent
+        if off is not None:
+            idx = [binary("sub", i, o) for i, o in zip(idx, off)]
+        return Load(buf, idx)
+
+
+class _Lowerer:
+    def __init__(self, sch: Any, args: Sequence[Any], name: str) -> None:
+        from ..te.tensor import ComputeOp, PlaceholderOp, Tensor
+
+        self.sch, self.name = sch, name
+        self.ComputeOp = ComputeOp
+        self.names: dict[str, int] = {}
+        self.tmap: dict[Any, tuple[Buffer, list[PrimExpr] | None]] = {}
+        self.params: list[Buffer] = []
+        for t in args:
+            if not isinstance(t, Tensor):
+                raise CompileError(f"lower {name}: args must be te.Tensors, got {t!r}")
+            if t in self.tmap:
+                raise CompileError(f"lower {name}: tensor {t.name} appears twice in args")
+            buf = Buffer(self._uniq(t.name), t.shape, t.dtype)
+            self.tmap[t] = (buf, None)
+            self.params.append(buf)
+        for st in sch.stages:
+            op = st.op
+            if isinstance(op, PlaceholderOp) and op.output(0) not in self.tmap:
+                raise CompileError(f"lower {name}: input {op.name} is used but not listed in args")
+            if st.is_output and any(t not in self.tmap for t in op.outputs):
+                raise CompileError(f"lower {name}: output {op.name} must be listed in args")
+            if st.attach_type == "inline" and any(t in self.tmap for t in op.outputs):
+                raise CompileError(f"lower {name}: {op.name} is an argument and cannot be compute_inline'd")
+        # 1. inline
+        inlined = {id(st.op) for st in sch.stages if st.attach_type == "inline"}
+        self.bodies: dict[int, list[PrimExpr]] = {}
+        inl = _Inliner(self.bodies, inlined)
+        for st in sch.stages:
+            if isinstance(st.op, ComputeOp):
+                self.bodies[id(st.op)] = [inl.expr(b) for b in st.op.body]
+        # who reads whom, after inlining
+        self.readers: dict[int, list[Any]] = {}
+        for st in sch.stages:
+            if isinstance(st.op, ComputeOp) and st.attach_type != "inline":
+                for b in self.bodies[id(st.op)]:
+                    for t in _producers(b):
+                        lst = self.readers.setdefault(id(t.op), [])
+                        if st not in lst:
+                            lst.append(st)
+        self.attached: dict[int, dict[Any, list[Any]]] = {}
+        for st in sch.stages:
+            if st.attach_type == "scope":
+                rd = self.readers.get(id(st.op), [])
+                if rd != [st.attach_stage]:
+                    who = ", ".join(r.op.name for r in rd) or "nothing"
+                    raise CompileError(
+                        f"lower {name}: {st.op.name} is compute_at {st.attach_stage.op.name} but is read by {who}; "
+                        "compute_at needs the attach stage to be its only reader")
+                if any(t in self.tmap for t in st.op.outputs):
+                    raise CompileError(f"lower {name}: argument {st.op.name} cannot be compute_at another stage")
+                self.attached.setdefault(id(st.attach_stage), {}).setdefault(st.attach_ivar, []).append(st)
+
+    def _uniq(self, base: str) -> str:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", base) or "v"
+        n = self.names.get(base, 0)
+        self.names[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> PrimFunc:
+        stmts: list[Stmt] = []
+        temps: list[Buffer] = []
+        for st in self.sch.stages:
+            if not isinstance(st.op, self.ComputeOp) or st.attach_type != "root":
+                continue
+            bufs = []
+            for t in st.op.outputs:
+                if t not in self.tmap:
+                    b = Buffer(self._uniq(t.name), t.shape, t.dtype)
+                    temps.append(b)
+                    self.tmap[t] = (b, None)
+                bufs.append(self.tmap[t][0])
+            region = [(const(0), n) for n in st.op.output(0).shape]
+            stmts.append(self.stage_nest(st, region, bufs, {}))
+        body = seq(*stmts)
+        for b in reversed(temps):
+            body = Allocate(b, body)
+        body = simplify_stmt(body)
+        return PrimFunc(self.name, self.params, body, {"global_symbol": self.name})
+
+    # ------------------------------------------------------------------ one stage
+    def stage_nest(self, st: Any, region: list[tuple[PrimExpr, int]], bufs: list[Buffer],
+                   outer: dict[Var, tuple[float, float]]) -> Stmt:
+        op = st.op
+        from ..te.schedule import Fuse, Split
+
+        ext: dict[Any, int] = {}
+        for iv, (_, n) in zip(op.axis, region):
+            ext[iv] = n
+        for iv in op.reduce_axis:
+            ext[iv] = iv.dom_extent
+        for rel in st.relations:
+            if isinstance(rel, Split):
+                pe = ext[rel.parent]
+                if rel.factor is not None:
+                    ext[rel.inner] = min(rel.factor, pe) if pe > 0 else rel.factor
+                    ext[rel.outer] = _ceildiv(pe, ext[rel.inner]) if pe > 0 else 0
+                else:
+                    ext[rel.outer] = min(rel.nparts, pe) if pe > 0 else rel.nparts
+                    ext[rel.inner] = _ceildiv(pe, ext[rel.outer]) if pe > 0 else 0
+            else:
+                ext[rel.fused] = ext[rel.outer] * ext[rel.inner]
+        leaves = list(st.leaf_iter_vars)
+        lvars = [Var(self._uniq(iv.name.replace(".", "_")), "int32") for iv in leaves]
+        exts = [ext[iv] for iv in leaves]
+        kinds = [st.iter_var_attrs.get(iv, "serial") for iv in leaves]
+        ranges = dict(outer)
+        for v, e in zip(lvars, exts):
+            ranges[v] = (0, e - 1)
+        ana = Analyzer()
+        ana.ranges.update(ranges)
+
+        def pass_up(leaf_vals: dict[Any, PrimExpr]) -> tuple[dict[Any, PrimExpr], list[PrimExpr]]:
+            val = dict(leaf_vals)
+            guards: list[PrimExpr] = []
+            for rel in reversed(st.relations):
+                if isinstance(rel, Split):
+                    if rel.outer not in val or rel.inner not in val:
+                        continue
+                    val[rel.parent] = val[rel.outer] * ext[rel.inner] + val[rel.inner]
+                    if ext[rel.outer] * ext[rel.inner] != ext[rel.parent]:
+                        guards.append(binary("lt", val[rel.parent], ext[rel.parent]))
+                elif isinstance(rel, Fuse):
+                    if rel.fused not in val:
+                        continue
+                    val[rel.outer] = binary("floordiv", val[rel.fused], ext[rel.inner])
+                    val[rel.inner] = binary("floormod", val[rel.fused], ext[rel.inner])
+            return val, guards
+
+        val, guards = pass_up({iv: v for iv, v in zip(leaves, lvars)})
+        # global indices of data axes, and guards keeping attached regions inside the tensor
+        gidx = [mn + val[iv] for iv, (mn, _) in zip(op.axis, region)]
+        local_idx = [val[iv] for iv in op.axis]
+        dom_guards: list[PrimExpr] = []
+        for g, n in zip(gidx, op.output(0).shape):
+            for c in (binary("ge", g, 0), binary("lt", g, n)):
+                if not ana.can_prove(c):
+                    dom_guards.append(c)
+        vmap: dict[Var, PrimExpr] = {iv.var: g for iv, g in zip(op.axis, gidx)}
+        for iv in op.reduce_axis:
+            vmap[iv.var] = val[iv] + iv.dom_min
+        raw = [substitute(b, vmap) for b in self.bodies[id(op)]]
+        is_red = isinstance(raw[0], Reduce)
+        # attached children: infer their regions and build their nests
+        children: dict[int, list[tuple[Buffer, Stmt]]] = {}
+        for level, iv in enumerate(leaves):
+            for child in self.attached.get(id(st), {}).get(iv, []):
+                children.setdefault(level, []).append(
+                    self.child_nest(child, raw, lvars, exts, level, ranges))
+        res = _Resolver(self.tmap)
+        depth = {v: i for i, v in enumerate(lvars)}
+
+        def level_of(cond: PrimExpr) -> int:
+            return max((depth[v] for v in collect_vars(cond) if v in depth), default=-1)
+
+        def build(levels: list[int], vars_: list[Var], body: Stmt, gl: list[PrimExpr], with_children: bool) -> Stmt:
+            by_level: dict[int, list[PrimExpr]] = {}
+            dv = {v: i for i, v in enumerate(vars_)}
+            for c in gl:
+                lv = max((dv[v] for v in collect_vars(c) if v in dv), default=-1)
+                by_level.setdefault(lv, []).append(c)
+            for pos in reversed(range(len(levels))):
+                lvl = levels[pos]
+                v = vars_[pos]
+                extent: PrimExpr = const(exts[lvl])
+                conds = []
+                for c in by_level.get(pos, []):
+                    bound = _as_extent_bound(c, v, ana)
+                    if bound is not None and kinds[lvl] != "unrolled":
+                        extent = binary("min", extent, bound)
+                    else:
+                        conds.append(c)
+                if conds:
+                    cond = conds[0]
+                    for c in conds[1:]:
+                        cond = binary("and", cond, c)
+                    body = IfThenElse(cond, body)
+                if with_children:
+                    for cbuf, cnest in reversed(children.get(lvl, [])):
+                        body = Allocate(cbuf, seq(cnest, body))
+                body = For(v, 0, extent, kinds[lvl], body)
+            if by_level.get(-1):
+                cond = by_level[-1][0]
+                for c in by_level[-1][1:]:
+                    cond = binary("and", cond, c)
+                body = IfThenElse(cond, body)
+            return body
+
+        n = len(leaves)
+        all_guards = guards + dom_guards
+        if not is_red:
+            stores = [BufferStore(b, res.expr(e), local_idx) for b, e in zip(bufs, raw)]
+            return build(list(range(n)), lvars, seq(*stores), all_guards, True)
+        if len(raw) != 1:
+            raise CompileError(f"lower {self.name}: multi-output reductions are not supported ({op.name})")
+        red: Reduce = raw[0]
+        buf = bufs[0]
+        src = res.expr(red.source)
+        cond = None if red.condition is None else res.expr(red.condition)
+        p = next(i for i, iv in enumerate(leaves) if iv.iter_type == "reduce")
+        tail_is_reduce = all(iv.iter_type == "reduce" for iv in leaves[p:])
+        data_levels = list(range(p))
+        red_levels = list(range(p, n))
+        outer_guards = [g for g in all_guards if level_of(g) < p]
+        inner_guards = [g for g in all_guards if level_of(g) >= p]
+        if tail_is_reduce:
+            acc = Buffer(self._uniq(f"{buf.name}_acc"), (1,), buf.dtype, scope="local")
+            upd: Stmt = BufferStore(acc, red.combine(acc[0], src), [0])
+            if cond is not None:
+                upd = IfThenElse(cond, upd)
+            red_nest = build(red_levels, lvars[p:], upd, [substitute_none(g) for g in inner_guards], True)
+            # children attached at reduce levels are built inside `build` above;
+            # data-level guards/children are handled by the outer build
+            block = Allocate(acc, seq(BufferStore(acc, red.identity, [0]), red_nest,
+                                      BufferStore(buf, acc[0], local_idx)))
+            return build(data_levels, lvars[:p], block, outer_guards, True)
+        # general case: separate init nest over the data axes that sit inside the reduction
+        init_leaves = [(i, iv) for i, iv in enumerate(leaves) if i >= p and iv.iter_type != "reduce"]
+        init_vars = {iv: Var(self._uniq(iv.name.replace(".", "_") + "_init"), "int32") for _, iv in init_leaves}
+        leaf_vals = {iv: (init_vars[iv] if iv in init_vars else v) for iv, v in zip(leaves, lvars)
+                     if iv.iter_type != "reduce"}
+        ival, iguards = pass_up(leaf_vals)
+        for iv_, nv in init_vars.items():
+            ana.ranges[nv] = (0, ext[iv_] - 1)
+        init_idx = [ival[iv] for iv in op.axis]
+        init_dom = []
+        for (mn, _), li, nn in zip(region, init_idx, op.output(0).shape):
+            g = mn + li
+            for c in (binary("ge", g, 0), binary("lt", g, nn)):
+                if not ana.can_prove(c):
+                    init_dom.append(c)
+        init_body: Stmt = BufferStore(buf, red.identity, init_idx)
+        init_guards = [g for g in iguards + init_dom if any(v in init_vars.values() for v in collect_vars(g))]
+        init_nest = build([i for i, _ in init_leaves], [init_vars[iv] for _, iv in init_leaves], init_body,
+                          init_guards, False)
+        upd = BufferStore(buf, red.combine(Load(buf, local_idx), src), local_idx)
+        if cond is not None:
+            upd = IfThenElse(cond, upd)
+        upd_nest = build(red_levels, lvars[p:], upd, inner_guards, True)
+        return build(data_levels, lvars[:p], seq(init_nest, upd_nest), outer_guards, True)
+
+    def child_nest(self, child: Any, raw: list[PrimExpr], lvars: list[Var], exts: list[int], level: int,
+                   ranges: dict[Var, tuple[float, float]]) -> tuple[Buffer, Stmt]:
+        """Region inference + loop nest of a stage attached at ``lvars[level]``."""
+        cop = child.op
+        t0 = cop.output(0)
+        inner = {v: (0, e - 1) for v, e in zip(lvars[level + 1:], exts[level + 1:])}
+        ana = Analyzer()
+        ana.ranges.update(ranges)
+        accesses: list[tuple[PrimExpr, ...]] = []
+        for b in raw:
+            for pl in _loads(b):
+                if pl.producer.op is cop:
+                    accesses.append(pl.indices)
+        region: list[tuple[PrimExpr, int]] = []
+        for k, n in enumerate(t0.shape):
+            los, his = [], []
+            ok = True
+            for idx in accesses:
+                r = _relax(idx[k], inner, ana)
+                if r is None:
+                    ok = False
+                    break
+                los.append(r[0])
+                his.append(r[1])
+            if not ok or not los:
+                region.append((const(0), n))
+                continue
+            lo = _union(los, "min", ana)
+            hi = _union(his, "max", ana)
+            extent = ana.simplify(hi - lo + 1)
+            if not isinstance(extent, IntImm):
+                outer_ana = Analyzer()
+                outer_ana.ranges.update({v: r for v, r in ranges.items() if v not in inner})
+                ub = outer_ana.const_int_bound(extent)[1]
+                if ub == INF:
+                    region.append((const(0), n))
+                    continue
+                extent = const(int(ub))
+            region.append((lo, max(1, int(extent.value))))
+        bufs = []
+        for t in cop.outputs:
+            b = Buffer(self._uniq(t.name), [e for _, e in region], t.dtype)
+            self.tmap[t] = (b, [lo for lo, _ in region])
+            bufs.append(b)
+        outer = {v: r for v, r in ranges.items() if v not in inner}
+        nest = self.stage_nest(child, region, bufs, outer)
+        if len(bufs) > 1:
+            raise CompileError(f"compute_at of multi-output operation {cop.name} is not supported")
+        return bufs[0], nest
+
+
+def substitute_none(g: PrimExpr) -> PrimExpr:
+    return g
+
+
+def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer) -> PrimExpr | None:
+    """For ``cond`` equivalent to ``v < B`` (v with coefficient 1), return ``B`` (else None)."""
+    from .expr import BinaryOp
+
+    if not (isinstance(cond, BinaryOp) and cond.op == "lt"):
+        return None
+    diff = ana.simplify(cond.a - cond.b)  # cond: diff < 0
+    terms, c = ana._linear(diff)
+    coeff = 0
+    rest_terms = {}
+    for key, (atom, k) in terms.items():
+        if atom is v:
+            coeff = k
+        else:
+            if v in collect_vars(atom):
+                return None
+            rest_terms[key] = [atom, k]
+    if coeff != 1:
+        return None
+    rest = Analyzer._rebuild(rest_terms, c, diff.dtype)  # v + rest < 0  <=>  v < -rest
+    return ana.simplify(const(0) - rest)
+
+
+def _relax(e: PrimExpr, inner: dict[Var, tuple[float, float]], ana: Analyzer) -> tuple[PrimExpr, PrimExpr] | None:
+    """Symbolic ``(lo, hi)`` of ``e`` as the ``inner`` variables sweep their ranges."""
+    e = ana.simplify(e)
+    terms, c = ana._linear(e)
+    lo: PrimExpr = const(c)
+    hi: PrimExpr = const(c)
+    for atom, k in terms.values():
+        vs = collect_vars(atom)
+        if not (vs & set(inner)):
+            lo = lo + atom * k
+            hi = hi + atom * k
+            continue
+        if isinstance(atom, Var):
+            alo, ahi = inner[atom]
+        else:
+            alo, ahi = ana.const_int_bound(atom)
+            if alo == -INF or ahi == INF:
+                return None
+        a, b = (alo * k, ahi * k) if k > 0 else (ahi * k, alo * k)
+        lo = lo + const(int(a))
+        hi = hi + const(int(b))
+    return ana.simplify(lo), ana.simplify(hi)
+
+
+def _union(xs: list[PrimExpr], op: str, ana: Analyzer) -> PrimExpr:
+    from .expr import structural_equal
+
+    out = xs[0]
+    for x in xs[1:]:
+        if structural_equal(out, x):
+            continue
+        d = ana.simplify(x - out)
+        if isinstance(d, IntImm):
+            out = x if (d.value > 0) == (op == "max") else out
+        else:
+            out = ana.simplify(binary(op, out, x))
+    return out
+
+
+def _producers(e: PrimExpr) -> list[Any]:
+    out: list[Any] = []
+
+    def f(n: Any) -> None:
+        if isinstance(n, ProducerLoad) and n.producer not in out:
+            out.append(n.producer)
+
+    post_order_visit(e, f)
+    return out
+
+
+def _loads(e: PrimExpr) -> list[ProducerLoad]:
+    out: list[ProducerLoad] = []
+
+    def f(n: Any) -> None:
+        if isinstance(n, ProducerLoad):
+            out.append(n)
+
+    post_order_visit(e, f)
+    return out
+
+
+def lower(sch: Any, args: Sequence[Any], name: str = "main", simple_mode: bool = False) -> PrimFunc:
+    """Lower a schedule to a :class:`PrimFunc`.
+
+    Parameters
+    ----------
+    sch : kiln.te.Schedule
+        The schedule (``te.create_schedule(outputs)`` plus primitives).
+    args : list of kiln.te.Tensor
+        The kernel's parameters in order: inputs then outputs.  Every placeholder the
+        computation reads and every schedule output must be listed.
+    name : str
+        Function name (the exported symbol).
+    simple_mode : bool
+        Accepted for TVM familiarity; ignored.
+
+    Returns
+    -------
+    PrimFunc
+    """
+    del simple_mode
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise CompileError(f"lower: function name {name!r} is not a valid C identifier")
+    return _Lowerer(sch, args, name).run()

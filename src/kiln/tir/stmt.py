@@ -1,0 +1,210 @@
+"""Statements of the loop IR, buffers and :class:`PrimFunc`, the unit every codegen consumes."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..runtime.errors import CompileError
+from .dtype import bits_of, check_dtype
+from .expr import IntImm, Load, PrimExpr, Var, convert
+
+__all__ = [
+    "Buffer",
+    "Stmt",
+    "For",
+    "ForKind",
+    "BufferStore",
+    "Allocate",
+    "SeqStmt",
+    "IfThenElse",
+    "LetStmt",
+    "Evaluate",
+    "PrimFunc",
+    "seq",
+]
+
+
+class Buffer:
+    """A dense row-major array: ``name``, static ``shape`` (ints), scalar ``dtype``.
+
+    ``scope`` is ``"global"`` for function parameters and workspace, ``"local"`` for small
+    temporaries the codegen may keep on the stack.  ``buffer[i, j]`` builds a :class:`Load`.
+    """
+
+    def __init__(self, name: str, shape: Sequence[int], dtype: str = "float32", scope: str = "global") -> None:
+        self.name = name
+        self.shape: tuple[int, ...] = tuple(int(s) for s in shape)
+        if any(s < 0 for s in self.shape):
+            raise CompileError(f"buffer {name}: negative extent in shape {self.shape}")
+        self.dtype = check_dtype(dtype)
+        self.scope = scope
+        self.data = Var(name, "handle")
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Storage size in bytes."""
+        return self.size * bits_of(self.dtype) // 8
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Row-major strides in elements."""
+        out, acc = [], 1
+        for s in reversed(self.shape):
+            out.append(acc)
+            acc *= s
+        return tuple(reversed(out))
+
+    def __getitem__(self, idx: Any) -> Load:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != self.ndim:
+            raise CompileError(f"buffer {self.name} has {self.ndim} dims, indexed with {len(idx)}")
+        return Load(self, [convert(i) for i in idx])
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.name}, {list(self.shape)}, {self.dtype})"
+
+
+class Stmt:
+    """Base class of statements."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from .printer import stmt_to_str
+
+        return stmt_to_str(self)
+
+
+class ForKind:
+    """Loop kinds: how the code generators execute a :class:`For`."""
+
+    SERIAL = "serial"
+    PARALLEL = "parallel"
+    VECTORIZED = "vectorized"
+    UNROLLED = "unrolled"
+
+
+class For(Stmt):
+    """``for loop_var in range(min, min + extent): body`` of the given kind."""
+
+    __slots__ = ("loop_var", "min", "extent", "kind", "body", "annotations")
+
+    def __init__(self, loop_var: Var, min: Any, extent: Any, kind: str, body: Stmt,
+                 annotations: dict[str, Any] | None = None) -> None:
+        self.loop_var, self.min, self.extent = loop_var, convert(min), convert(extent)
+        self.kind, self.body, self.annotations = kind, body, dict(annotations or {})
+
+
+class BufferStore(Stmt):
+    """``buffer[indices] = value``."""
+
+    __slots__ = ("buffer", "value", "indices")
+
+    def __init__(self, buffer: Buffer, value: PrimExpr, indices: Sequence[Any]) -> None:
+        self.buffer, self.value, self.indices = buffer, convert(value), tuple(convert(i) for i in indices)
+
+
+class Allocate(Stmt):
+    """Storage for ``buffer`` live during ``body``.
+
+    The codegen puts ``scope == "local"`` buffers (and any buffer under ``stack_limit``
+    bytes) on the stack, the rest in ``KilnBackendAllocWorkspace`` memory.
+    """
+
+    __slots__ = ("buffer", "body")
+
+    def __init__(self, buffer: Buffer, body: Stmt) -> None:
+        self.buffer, self.body = buffer, body
+
+
+class SeqStmt(Stmt):
+    """Statements run in order."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self, seq: Sequence[Stmt]) -> None:
+        self.seq = tuple(seq)
+
+
+class IfThenElse(Stmt):
+    """``if cond: then_case else: else_case`` (``else_case`` may be None)."""
+
+    __slots__ = ("cond", "then_case", "else_case")
+
+    def __init__(self, cond: PrimExpr, then_case: Stmt, else_case: Stmt | None = None) -> None:
+        self.cond, self.then_case, self.else_case = convert(cond), then_case, else_case
+
+
+class LetStmt(Stmt):
+    """Bind ``var = value`` for ``body``."""
+
+    __slots__ = ("var", "value", "body")
+
+    def __init__(self, var: Var, value: PrimExpr, body: Stmt) -> None:
+        self.var, self.value, self.body = var, convert(value), body
+
+
+class Evaluate(Stmt):
+    """Evaluate an expression for its side effects (or a no-op when it is a constant)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = convert(value)
+
+
+def seq(*stmts: Stmt | None) -> Stmt:
+    """Flatten statements into one (dropping Nones and nested sequences)."""
+    out: list[Stmt] = []
+    for s in stmts:
+        if s is None:
+            continue
+        if isinstance(s, SeqStmt):
+            out.extend(s.seq)
+        elif isinstance(s, Evaluate) and isinstance(s.value, IntImm):
+            continue
+        else:
+            out.append(s)
+    if not out:
+        return Evaluate(0)
+    return out[0] if len(out) == 1 else SeqStmt(out)
+
+
+class PrimFunc:
+    """A kernel: ``name``, parameter buffers (inputs then outputs), a loop-nest ``body``.
+
+    ``attrs`` is free-form metadata (``"global_symbol"``, ``"tag"``, ...) the codegens and
+    the build driver may read.  ``str(func)`` prints TVMScript-like pseudo code.
+    """
+
+    def __init__(self, name: str, params: Sequence[Buffer], body: Stmt, attrs: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.params = list(params)
+        self.body = body
+        self.attrs = dict(attrs or {})
+        self.attrs.setdefault("global_symbol", name)
+
+    def with_body(self, body: Stmt) -> "PrimFunc":
+        """A copy with another body (same params and attrs)."""
+        return PrimFunc(self.name, self.params, body, self.attrs)
+
+    def __str__(self) -> str:
+        from .printer import func_to_str
+
+        return func_to_str(self)
+
+    def __repr__(self) -> str:
+        return f"<PrimFunc {self.name}({', '.join(b.name for b in self.params)})>"
