@@ -199,3 +199,17 @@ def test_mutually_importing_dso_modules_become_one_library(tmp_path):
     m = rt.load_module(path)
     assert m.type_key == "library" and m.imported_modules == []
     assert m["kx"]() == 11 and m["ky"]() == 22
+
+
+def test_section_headers_stripped_falls_back_to_symbol(tree_so, tmp_path):
+    path, _ = tree_so
+    data = bytearray(open(path, "rb").read())
+    data[40:48] = bytes(8)  # e_shoff = 0: no section table, as after `sstrip`
+    data[60:64] = bytes(4)  # e_shnum = e_shstrndx = 0
+    stripped = tmp_path / "stripped.so"
+    stripped.write_bytes(bytes(data))
+    assert ElfFile(str(stripped)).sections == []
+    m = rt.load_module(str(stripped))
+    a, b = m.imported_modules
+    assert (a.type_key, b.type_key, a.imported_modules[0].value) == ("test_const", "test_tag", 3)
+    assert m["k_root"]() == 7

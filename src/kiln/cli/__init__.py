@@ -14,7 +14,7 @@ import argparse
 import importlib
 import sys
 import traceback
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..runtime.errors import KilnError
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and extra detail")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = _Subparsers(parser.add_subparsers(dest="command", metavar="COMMAND"))
     for name in SUBCOMMANDS:
         try:
             mod = importlib.import_module(f".{name}_cmd", __name__)
@@ -49,7 +49,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _register_unavailable(sub: argparse._SubParsersAction, name: str, err: BaseException) -> None:
+class _Subparsers:
+    """Wraps argparse's subparsers so every subcommand also accepts ``-v/--verbose``."""
+
+    def __init__(self, action: argparse._SubParsersAction) -> None:
+        self._action = action
+        # SUPPRESS: a subcommand must not reset a --verbose given before it.
+        self._common = argparse.ArgumentParser(add_help=False)
+        self._common.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and extra detail"
+        )
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs["parents"] = [self._common, *kwargs.get("parents", [])]
+        return self._action.add_parser(name, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._action, attr)
+
+
+def _register_unavailable(sub: Any, name: str, err: BaseException) -> None:
     p = sub.add_parser(name, help=f"(unavailable: {err})", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -74,9 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args) or 0)
     except KilnError as err:
-        if args.verbose:
+        verbose = getattr(args, "verbose", False)
+        if verbose:
             traceback.print_exc()
-        msg = " ".join(str(err).split("\n")[0].split()) if not args.verbose else str(err)
+        msg = str(err) if verbose else " ".join(str(err).split("\n")[0].split())
         print(f"kiln: error: {msg}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -151,6 +151,10 @@ class ElfFile:
         with open(self.path, "rb") as f:
             return self._read(f, sec.offset, min(nbytes, sec.size), f"section {name!r}")
 
+    def has_symbol_table(self) -> bool:
+        """Whether the file has ``.dynsym`` or ``.symtab`` (so :meth:`exported_functions` is complete)."""
+        return any(s.type in (_SHT_DYNSYM, _SHT_SYMTAB) for s in self.sections)
+
     def exported_functions(self) -> list[str]:
         """Names of defined, global/weak, default-visibility FUNC symbols.
 

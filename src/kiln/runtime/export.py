@@ -205,7 +205,10 @@ def export_library(
             with open(man_path, "w") as f:
                 json.dump(manifest, f, indent=2)
             files.append(man_path)
-            (fcompile if fcompile is not None and fcompile is not _cc.create_shared else _tar.tar)(path, files)
+            # A .tar is written by the given fcompile only if it produces tars (TVM protocol);
+            # a compiler passed with a .tar path only chose the object format above.
+            writer = fcompile if getattr(fcompile, "output_format", None) == "tar" else _tar.tar
+            writer(path, files)
             return path
 
         files = saved + [crt_source_path()]
@@ -243,10 +246,27 @@ def _load_shared(path: str, keepalive: Any = None, blob_override: Any = None, wh
             decoded = _blob.decode(raw, f"{where}: module blob")
     if decoded is not None:
         _blob.resolve_loaders(decoded)  # fail on a missing loader before running library code
-    lib = LibraryModule(path, exported=elf.exported_functions(), keepalive=keepalive)
+    exported = elf.exported_functions() if elf.has_symbol_table() else None
+    lib = LibraryModule(path, exported=exported, keepalive=keepalive)
+    if decoded is None and blob_override is None and not elf.sections:
+        # Section headers stripped (sstrip): fall back to the symbol in the mapped library.
+        decoded = _blob_from_symbol(lib, where)
     if decoded is None:
         return lib
     return _blob.deserialize(decoded, lib, f"{where}: module blob")
+
+
+def _blob_from_symbol(lib: Any, where: str) -> "_blob.DecodedBlob | None":
+    import ctypes
+
+    addr = lib.native_address(_blob.SYMBOL_NAME)
+    if addr is None:
+        return None
+    (n,) = _blob._U64.unpack(ctypes.string_at(addr, 8))
+    raw = ctypes.string_at(addr + 8, n)
+    decoded = _blob.decode(raw, f"{where}: symbol {_blob.SYMBOL_NAME}")
+    _blob.resolve_loaders(decoded)
+    return decoded
 
 
 def _safe_name(manifest_path: str, name: Any, root: str) -> str:

@@ -439,6 +439,12 @@ class GraphExecutor:
         """
         g = self.graph
         members = self.alias_group[self.alias_root[eid]]
+        too_big = [e for e in members if _nbytes(g.shape[e], g.dltype[e]) > arr.nbytes]
+        if too_big:
+            raise InputError(
+                f"entry {eid} is a '__nop' view of a larger tensor (entry {too_big[0]}, shape "
+                f"{g.shape[too_big[0]]}); it cannot be bound to a buffer of {arr.nbytes} bytes"
+            )
         for e in members:
             view = arr if e == eid else arr._create_view(g.shape[e], g.dltype[e])
             self.arrays[e] = view

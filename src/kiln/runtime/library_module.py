@@ -7,7 +7,7 @@ import os
 from typing import Any, Callable
 
 from . import _ffi
-from .errors import FormatError, FunctionNotFoundError, KilnError, KilnFileNotFoundError
+from .errors import FormatError, KilnError, KilnFileNotFoundError
 from .module import Module, PackedFunction
 
 __all__ = ["LibraryModule", "CRT_FUNCTIONS"]

@@ -160,6 +160,8 @@ class Analyzer:
         pos = [(a, k) for a, k in terms.values() if k > 0]
         neg = [(a, -k) for a, k in terms.values() if k < 0]
         out: PrimExpr | None = None
+        if not pos and neg and c > 0:
+            out, c = const(c, dtype), 0  # "5 - 2*x" rather than "0 - 2*x + 5"
         for a, k in pos:
             t = a if k == 1 else binary("mul", a, const(k, dtype))
             out = t if out is None else binary("add", out, t)

@@ -203,7 +203,9 @@ class _Lowerer:
         gidx = [mn + val[iv] for iv, (mn, _) in zip(op.axis, region)]
         local_idx = [val[iv] for iv in op.axis]
         dom_guards: list[PrimExpr] = []
-        for g, n in zip(gidx, op.output(0).shape):
+        full = all(isinstance(mn, IntImm) and mn.value == 0 and e == n
+                   for (mn, e), n in zip(region, op.output(0).shape))
+        for g, n in zip(gidx, () if full else op.output(0).shape):
             for c in (binary("ge", g, 0), binary("lt", g, n)):
                 if not ana.can_prove(c):
                     dom_guards.append(c)
@@ -279,7 +281,7 @@ class _Lowerer:
             upd: Stmt = BufferStore(acc, red.combine(acc[0], src), [0])
             if cond is not None:
                 upd = IfThenElse(cond, upd)
-            red_nest = build(red_levels, lvars[p:], upd, [substitute_none(g) for g in inner_guards], True)
+            red_nest = build(red_levels, lvars[p:], upd, inner_guards, True)
             # children attached at reduce levels are built inside `build` above;
             # data-level guards/children are handled by the outer build
             block = Allocate(acc, seq(BufferStore(acc, red.identity, [0]), red_nest,
@@ -295,7 +297,7 @@ class _Lowerer:
             ana.ranges[nv] = (0, ext[iv_] - 1)
         init_idx = [ival[iv] for iv in op.axis]
         init_dom = []
-        for (mn, _), li, nn in zip(region, init_idx, op.output(0).shape):
+        for (mn, _), li, nn in zip(region, init_idx, () if full else op.output(0).shape):
             g = mn + li
             for c in (binary("ge", g, 0), binary("lt", g, nn)):
                 if not ana.can_prove(c):
@@ -359,10 +361,6 @@ class _Lowerer:
         if len(bufs) > 1:
             raise CompileError(f"compute_at of multi-output operation {cop.name} is not supported")
         return bufs[0], nest
-
-
-def substitute_none(g: PrimExpr) -> PrimExpr:
-    return g
 
 
 def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer) -> PrimExpr | None:

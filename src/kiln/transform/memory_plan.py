@@ -1,0 +1,187 @@
+"""Static memory planning: assign storage ids to the entries of a kernel sequence.
+
+The planner works on the graph-executor view of a compiled model — entries (one per node
+output, with a byte size) and the ordered kernel calls that read and write them — so it is
+independent of how the graph was fused.
+
+Algorithm (liveness-based, greedy best fit, TVM's ``GraphPlanMemory`` in spirit):
+
+* Graph inputs and params ("fixed" entries) get dedicated storage: users bind them and the
+  executor may share them across executors, so no kernel may scribble over them.
+* Walking the kernels in order, each output entry takes the free storage whose size fits
+  best (smallest one that is large enough; otherwise the largest free one, grown); a new
+  storage is opened only when nothing is free. Outputs are allocated *before* the inputs of
+  the same call are released, so a kernel never writes into memory it is still reading.
+* An entry's storage is released after its last consumer. Graph outputs may land in reused
+  storage but are never released (the user reads them after the run).
+* A ``__nop`` output (aliasing reshape) shares its input's storage id; its uses extend the
+  lifetime of that storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+__all__ = ["PlanOp", "MemoryPlan", "plan_memory"]
+
+
+@dataclass(frozen=True)
+class PlanOp:
+    """One call in execution order.
+
+    Attributes
+    ----------
+    inputs : tuple of int
+        Entry ids read.
+    outputs : tuple of int
+        Entry ids written.
+    is_nop : bool
+        A ``__nop`` alias: ``outputs[0]`` shares ``inputs[0]``'s storage.
+    """
+
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    is_nop: bool = False
+
+
+@dataclass
+class MemoryPlan:
+    """The result of :func:`plan_memory`.
+
+    Attributes
+    ----------
+    storage_ids : list of int
+        Storage id of every entry (the graph JSON ``storage_id`` attribute).
+    storage_sizes : list of int
+        Bytes of every storage id (its largest entry).
+    fixed_storages : set of int
+        Storage ids of graph inputs and params (dedicated, never reused).
+    planned_bytes : int
+        Bytes of all activation storages (everything except inputs and params) — the
+        planned peak activation memory.
+    no_reuse_bytes : int
+        Bytes the activations would need with one buffer per entry (aliases excluded).
+    fixed_bytes : int
+        Bytes of the input and param storages.
+    """
+
+    storage_ids: list[int]
+    storage_sizes: list[int]
+    fixed_storages: set[int] = field(default_factory=set)
+    planned_bytes: int = 0
+    no_reuse_bytes: int = 0
+    fixed_bytes: int = 0
+
+    @property
+    def num_storages(self) -> int:
+        """Number of distinct storage ids."""
+        return len(self.storage_sizes)
+
+    @property
+    def saved_fraction(self) -> float:
+        """``1 - planned / no_reuse`` for activations (0 when there are none)."""
+        return 0.0 if not self.no_reuse_bytes else 1.0 - self.planned_bytes / self.no_reuse_bytes
+
+    def summary(self) -> str:
+        """One line: storages, planned vs no-reuse activation bytes, fixed bytes."""
+        return (f"memory plan: {self.num_storages} storages; activations {self.planned_bytes} B "
+                f"planned vs {self.no_reuse_bytes} B without reuse "
+                f"({100 * self.saved_fraction:.1f}% saved); inputs+params {self.fixed_bytes} B")
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain-dict form (for ``factory.get_stats()`` and JSON dumps)."""
+        return {"num_storages": self.num_storages, "planned_bytes": self.planned_bytes,
+                "no_reuse_bytes": self.no_reuse_bytes, "fixed_bytes": self.fixed_bytes,
+                "storage_sizes": list(self.storage_sizes)}
+
+
+def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequence[int],
+                outputs: Sequence[int]) -> MemoryPlan:
+    """Plan storage for a sequence of kernel calls.
+
+    Parameters
+    ----------
+    entry_bytes : sequence of int
+        Size in bytes of every entry (index = entry id).
+    ops : sequence of PlanOp
+        Calls in execution order.
+    fixed : sequence of int
+        Entries with dedicated storage (graph inputs, params).
+    outputs : sequence of int
+        Graph output entries (never released).
+
+    Returns
+    -------
+    MemoryPlan
+    """
+    n = len(entry_bytes)
+    sid = [-1] * n
+    sizes: list[int] = []
+    fixed_sids: set[int] = set()
+    for e in fixed:
+        if sid[e] < 0:
+            sid[e] = len(sizes)
+            sizes.append(int(entry_bytes[e]))
+            fixed_sids.add(sid[e])
+
+    # Alias roots and remaining-use counts per root (a nop's read of its input is not a use:
+    # the alias's own readers are).
+    root = list(range(n))
+    for op in ops:
+        if op.is_nop:
+            root[op.outputs[0]] = root[op.inputs[0]]
+    refs = [0] * n
+    for op in ops:
+        if not op.is_nop:
+            for e in op.inputs:
+                refs[root[e]] += 1
+    pinned = {root[e] for e in outputs}
+
+    free: list[int] = []  # storage ids available for reuse
+
+    def take(nbytes: int) -> int:
+        if not free:
+            sizes.append(nbytes)
+            return len(sizes) - 1
+        fits = [s for s in free if sizes[s] >= nbytes]
+        if fits:
+            best = min(fits, key=lambda s: (sizes[s], s))
+        else:
+            # Growing the largest free buffer wastes the least: it is the closest to fitting.
+            best = max(free, key=lambda s: (sizes[s], -s))
+            sizes[best] = nbytes
+        free.remove(best)
+        return best
+
+    def release(r: int) -> None:
+        if r in pinned or sid[r] in fixed_sids or sid[r] < 0:
+            return
+        free.append(sid[r])
+
+    no_reuse = 0
+    for op in ops:
+        if op.is_nop:
+            for o in op.outputs:
+                sid[o] = sid[root[o]]
+            continue
+        for o in op.outputs:
+            if sid[o] < 0:
+                sid[o] = take(int(entry_bytes[o]))
+                no_reuse += int(entry_bytes[o])
+        for o in op.outputs:  # written but never read: free right away
+            if root[o] == o and refs[o] == 0:
+                release(o)
+        for e in op.inputs:
+            r = root[e]
+            refs[r] -= 1
+            if refs[r] == 0:
+                release(r)
+    for e in range(n):  # entries no call writes (unused inputs...) still need an id
+        if sid[e] < 0:
+            sid[e] = sid[root[e]] if root[e] != e and sid[root[e]] >= 0 else len(sizes)
+            if sid[e] == len(sizes):
+                sizes.append(int(entry_bytes[e]))
+    planned = sum(s for i, s in enumerate(sizes) if i not in fixed_sids)
+    fixed_b = sum(sizes[i] for i in fixed_sids)
+    return MemoryPlan(sid, sizes, fixed_sids, planned, no_reuse, fixed_b)
