@@ -1,0 +1,234 @@
+"""Converters for elementwise math, comparisons, reductions, arg-reductions and TopK."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import Value
+from .converter import Context, onnx_op
+
+_UNARY = {
+    "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log",
+    "Sqrt": "sqrt", "Neg": "negative", "Abs": "abs", "Reciprocal": "reciprocal", "Erf": "erf",
+    "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "Sin": "sin",
+    "Cos": "cos", "Softplus": "softplus", "Softsign": "softsign", "HardSwish": "hard_swish",
+    "Not": "logical_not", "IsNaN": "isnan",
+}
+
+_BINARY = {
+    "Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide",
+    "Equal": "equal", "Less": "less", "LessOrEqual": "less_equal", "Greater": "greater",
+    "GreaterOrEqual": "greater_equal", "And": "logical_and", "Or": "logical_or",
+    "Xor": "logical_xor",
+}
+
+
+@onnx_op(*_UNARY)
+def _unary(ctx: Context, node, ins, attrs):
+    return ctx.emit1(_UNARY[node.op_type], ins[0])
+
+
+@onnx_op(*_BINARY)
+def _binary(ctx: Context, node, ins, attrs):
+    a, b = ins
+    if node.op_type in ("Add", "Sub", "Mul", "Div") and ctx.opset < 7 and attrs.get("broadcast"):
+        raise ctx.unsupported("legacy (opset < 7) axis broadcasting")
+    return ctx.emit1(_BINARY[node.op_type], a, b)
+
+
+@onnx_op("Pow")
+def _pow(ctx: Context, node, ins, attrs):
+    a, b = ins
+    # Kernels see one dtype: bring the exponent to the base's dtype (folded if constant).
+    return ctx.emit1("power", a, ctx.cast(b, a.dtype))
+
+
+@onnx_op("Mod")
+def _mod(ctx: Context, node, ins, attrs):
+    return ctx.emit1("mod", ins[0], ins[1], fmod=bool(attrs.get("fmod", 0)))
+
+
+@onnx_op("IsInf")
+def _isinf(ctx: Context, node, ins, attrs):
+    return ctx.emit1("isinf", ins[0], detect_positive=bool(attrs.get("detect_positive", 1)),
+                     detect_negative=bool(attrs.get("detect_negative", 1)))
+
+
+@onnx_op("Max", "Min", "Sum", "Mean")
+def _variadic(ctx: Context, node, ins, attrs):
+    op = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[node.op_type]
+    vals = [v for v in ins if v is not None]
+    acc = vals[0]
+    for v in vals[1:]:
+        acc = ctx.emit1(op, acc, v)
+    if node.op_type == "Mean" and len(vals) > 1:
+        acc = ctx.emit1("divide", acc, ctx.const(np.array(len(vals)), acc.dtype))
+    if acc is vals[0] and len(vals) == 1:
+        acc = ctx.emit1("identity", acc)
+    return acc
+
+
+@onnx_op("LeakyRelu")
+def _leaky(ctx: Context, node, ins, attrs):
+    return ctx.emit1("leaky_relu", ins[0], alpha=attrs.get("alpha", 0.01))
+
+
+@onnx_op("Elu")
+def _elu(ctx: Context, node, ins, attrs):
+    return ctx.emit1("elu", ins[0], alpha=attrs.get("alpha", 1.0))
+
+
+@onnx_op("Selu")
+def _selu(ctx: Context, node, ins, attrs):
+    kw = {k: attrs[k] for k in ("alpha", "gamma") if k in attrs}
+    return ctx.emit1("selu", ins[0], **kw)
+
+
+@onnx_op("HardSigmoid")
+def _hard_sigmoid(ctx: Context, node, ins, attrs):
+    return ctx.emit1("hard_sigmoid", ins[0], alpha=attrs.get("alpha", 0.2),
+                     beta=attrs.get("beta", 0.5))
+
+
+@onnx_op("PRelu")
+def _prelu(ctx: Context, node, ins, attrs):
+    return ctx.emit1("prelu", ins[0], ins[1])
+
+
+@onnx_op("Gelu")
+def _gelu(ctx: Context, node, ins, attrs):
+    return ctx.emit1("gelu", ins[0], approximate=attrs.get("approximate", "none"))
+
+
+@onnx_op("Clip")
+def _clip(ctx: Context, node, ins, attrs):
+    x = ins[0]
+    if ctx.opset < 11:
+        return ctx.emit1("clip", x, a_min=attrs.get("min"), a_max=attrs.get("max"))
+    lo = ins[1] if len(ins) > 1 else None
+    hi = ins[2] if len(ins) > 2 else None
+    slo, shi = ctx.try_static(lo), ctx.try_static(hi)
+    if (lo is None or slo is not None) and (hi is None or shi is not None):
+        return ctx.emit1("clip", x, a_min=None if slo is None else float(np.asarray(slo)),
+                         a_max=None if shi is None else float(np.asarray(shi)))
+    # Bounds computed at run time: max/min with broadcasting.
+    if lo is not None:
+        x = ctx.emit1("maximum", x, lo)
+    if hi is not None:
+        x = ctx.emit1("minimum", x, hi)
+    return x
+
+
+@onnx_op("Cast")
+def _cast(ctx: Context, node, ins, attrs):
+    from .converter import onnx_dtype
+
+    return ctx.emit1("cast", ins[0], dtype=onnx_dtype(attrs["to"]))
+
+
+@onnx_op("CastLike")
+def _cast_like(ctx: Context, node, ins, attrs):
+    return ctx.emit1("cast", ins[0], dtype=ins[1].dtype)
+
+
+@onnx_op("Where")
+def _where(ctx: Context, node, ins, attrs):
+    return ctx.emit1("where", *ins)
+
+
+# ----------------------------------------------------------------------------- reductions
+def _reduce_axes(ctx: Context, node, ins, attrs, input_since: int) -> tuple[int, ...] | None:
+    """Normalized axes, or None for the no-op case (empty axes + noop_with_empty_axes)."""
+    x = ins[0]
+    if ctx.opset >= input_since:
+        axes = ctx.static_ints(ins[1], "axes") if len(ins) > 1 and ins[1] is not None else ()
+    else:
+        axes = tuple(attrs.get("axes", ()))
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0):
+            return None
+        return tuple(range(x.type.ndim))
+    nd = x.type.ndim
+    return tuple(sorted(a + nd if a < 0 else a for a in axes))
+
+
+def _reduce(ctx: Context, node, ins, attrs, op: str, input_since: int, pre=None, post=None
+            ) -> Value:
+    axes = _reduce_axes(ctx, node, ins, attrs, input_since)
+    x = ins[0]
+    if pre is not None:
+        x = pre(x)
+    if axes is None:
+        return x if pre is not None else ctx.emit1("identity", x)
+    y = ctx.emit1(op, x, axes=axes, keepdims=bool(attrs.get("keepdims", 1)))
+    return post(y) if post is not None else y
+
+
+@onnx_op("ReduceSum")
+def _reduce_sum(ctx, node, ins, attrs):
+    return _reduce(ctx, node, ins, attrs, "reduce_sum", 13)
+
+
+@onnx_op("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
+def _reduce_simple(ctx, node, ins, attrs):
+    op = "reduce_" + node.op_type[6:].lower()
+    return _reduce(ctx, node, ins, attrs, op, 18)
+
+
+@onnx_op("ReduceSumSquare")
+def _reduce_sum_square(ctx, node, ins, attrs):
+    return _reduce(ctx, node, ins, attrs, "reduce_sum", 18,
+                   pre=lambda x: ctx.emit1("multiply", x, x))
+
+
+@onnx_op("ReduceL1")
+def _reduce_l1(ctx, node, ins, attrs):
+    return _reduce(ctx, node, ins, attrs, "reduce_sum", 18, pre=lambda x: ctx.emit1("abs", x))
+
+
+@onnx_op("ReduceL2")
+def _reduce_l2(ctx, node, ins, attrs):
+    return _reduce(ctx, node, ins, attrs, "reduce_sum", 18,
+                   pre=lambda x: ctx.emit1("multiply", x, x),
+                   post=lambda y: ctx.emit1("sqrt", y))
+
+
+@onnx_op("ReduceLogSum")
+def _reduce_log_sum(ctx, node, ins, attrs):
+    return _reduce(ctx, node, ins, attrs, "reduce_sum", 18, post=lambda y: ctx.emit1("log", y))
+
+
+@onnx_op("ReduceLogSumExp")
+def _reduce_lse(ctx, node, ins, attrs):
+    axes = _reduce_axes(ctx, node, ins, attrs, 18)
+    x = ins[0]
+    if axes is None:
+        return ctx.emit1("identity", x)
+    keep = bool(attrs.get("keepdims", 1))
+    # Stable: max + log(sum(exp(x - max))).
+    m = ctx.emit1("reduce_max", x, axes=axes, keepdims=True)
+    s = ctx.emit1("reduce_sum", ctx.emit1("exp", ctx.emit1("subtract", x, m)), axes=axes,
+                  keepdims=keep)
+    m2 = m if keep else ctx.reshape(m, s.shape)
+    return ctx.emit1("add", ctx.emit1("log", s), m2)
+
+
+@onnx_op("ArgMax", "ArgMin")
+def _arg(ctx, node, ins, attrs):
+    return ctx.emit1(node.op_type.lower(), ins[0], axis=attrs.get("axis", 0),
+                     keepdims=bool(attrs.get("keepdims", 1)),
+                     select_last_index=bool(attrs.get("select_last_index", 0)))
+
+
+@onnx_op("TopK")
+def _topk(ctx, node, ins, attrs):
+    x = ins[0]
+    if ctx.opset < 10:
+        k = attrs["k"]
+    else:
+        (k,) = ctx.static_ints(ins[1], "K")
+    axis = attrs.get("axis", -1)
+    if axis < 0:
+        axis += x.type.ndim
+    return ctx.emit("topk", [x], {"k": k, "axis": axis, "largest": bool(attrs.get("largest", 1)),
+                                  "sorted": bool(attrs.get("sorted", 1))})

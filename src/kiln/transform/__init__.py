@@ -1,0 +1,43 @@
+"""Graph-level passes. A pass is a callable Graph -> Graph (see :class:`Pass`).
+
+Provided here: ``InferType``, ``FoldConstant``, ``BindParams``, ``SimplifyInference``,
+``RemoveIdentity``, ``EliminateCommonSubexpr``, ``DeadCodeElimination``, ``MarkAlias``,
+``Simplify`` (constructors returning :class:`Pass` objects) and their function forms.
+Operator fusion (``kiln.transform.fuse``) and memory planning (``kiln.transform.memory_plan``)
+are separate modules imported explicitly by the build driver — not from this ``__init__``.
+
+Typical pipeline (what the build driver runs)::
+
+    seq = Sequential([BindParams(params), InferType(), FoldConstant(), Simplify(), FoldConstant()],
+                     opt_level=3)
+    graph = seq(graph)
+"""
+
+from .pipeline import Pass, Sequential, graph_pass
+from .infer_type import InferType, infer_type
+from .fold_constant import (BindParams, DEFAULT_FOLD_LIMIT, FoldConstant, bind_params,
+                            fold_constant)
+from .simplify import (DeadCodeElimination, EliminateCommonSubexpr, MarkAlias, RemoveIdentity,
+                       Simplify, SimplifyInference, dead_code_elimination,
+                       eliminate_common_subexpr, mark_alias, remove_identity, simplify,
+                       simplify_inference)
+
+
+def default_pipeline(params=None, opt_level: int = 2) -> Sequential:
+    """The standard graph pipeline: bind params, infer types, fold, simplify, fold again."""
+    passes = []
+    if params:
+        passes.append(BindParams(params))
+    passes += [InferType(), FoldConstant(), Simplify(opt_level), FoldConstant(),
+               DeadCodeElimination()]
+    return Sequential(passes, opt_level=opt_level, name="default_pipeline")
+
+
+__all__ = [
+    "Pass", "Sequential", "graph_pass", "default_pipeline",
+    "InferType", "infer_type",
+    "FoldConstant", "fold_constant", "BindParams", "bind_params", "DEFAULT_FOLD_LIMIT",
+    "DeadCodeElimination", "EliminateCommonSubexpr", "MarkAlias", "RemoveIdentity", "Simplify",
+    "SimplifyInference", "dead_code_elimination", "eliminate_common_subexpr", "mark_alias",
+    "remove_identity", "simplify", "simplify_inference",
+]
