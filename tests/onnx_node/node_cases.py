@@ -136,6 +136,14 @@ def assert_outputs(case: NodeCase, ref_outputs: list[Any], outputs: list[Any]) -
                                   model_dir=case.name)
 
 
+def run_slow(config) -> bool:
+    """Whether slow node cases run: ``KILN_NODE_SUITE_ALL=1`` or a ``-m`` selecting ``slow``."""
+    if os.environ.get("KILN_NODE_SUITE_ALL", "") not in ("", "0"):
+        return True
+    expr = (config.getoption("markexpr", "") or "").replace(" ", "")
+    return "slow" in expr and "notslow" not in expr
+
+
 def run_case(case: NodeCase, backend) -> None:
     """Prepare ``case`` with ``backend`` (an onnx Backend class) and check every data set."""
     rep = backend.prepare(case.model, "CPU")

@@ -1,7 +1,8 @@
-"""``kiln inspect LIB.so|LIB.tar``: show what a Kiln library holds without running it.
+"""``kiln inspect LIB.so|LIB.tar|MODEL.onnx``: show what a Kiln library (or a model) holds.
 
-Everything is read from the file (ELF section/symbol tables, or the tar members); no code
-from the library is loaded, and no module loader runs.
+For a library everything is read from the file (ELF section/symbol tables, or the tar
+members); no code from the library is loaded, and no module loader runs. ONNX models, the
+compiled-graph summary and ``--graph`` drawing are at the end of this file.
 """
 
 from __future__ import annotations
@@ -24,18 +25,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show the module tree, functions and blob of a library (runs no library code)",
         description="Show the module tree, exported functions and blob sizes of a .so or .tar "
         "written by export_library. The file is parsed, never loaded.",
+        epilog="Also: an ONNX model (inputs, outputs, op counts, Kiln support; --ir, --plan), the "
+        "compiled model inside a library (graph, params, memory plan), and --graph drawings. "
+        "examples: kiln inspect model.onnx --ir; kiln inspect model.so --graph model.svg",
     )
-    p.add_argument("library", help="path of a .so or .tar library")
+    p.add_argument("library", metavar="LIB.so|LIB.tar|MODEL.onnx",
+                   help="path of a .so or .tar library, or of an ONNX model")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of text")
+    p.add_argument("--graph", metavar="OUT.svg|OUT.dot",
+                   help="draw the graph with its fused groups as clusters (SVG needs graphviz "
+                   "'dot'; without it DOT is written)")
+    p.add_argument("--ir", action="store_true", help="(ONNX model) also print the imported Kiln IR")
+    p.add_argument("--plan", action="store_true",
+                   help="(ONNX model) also compile it in memory and show kernels and the memory plan")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
+                   help="(ONNX model) fix an input's shape, e.g. data:1,3,224,224")
+    p.add_argument("--target", default="llvm", metavar="T", help="(ONNX model, --plan) target (default llvm)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.library.lower().endswith(".onnx") or args.graph:
+        return _run_extended(args)
     info = inspect_library(args.library)
+    model = compiled_model_info(args.library)
+    if model is not None:
+        info["compiled_model"] = {k: v for k, v in model.items() if k != "graph_json"}
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         print(_format(info))
+        if model is not None:
+            print(_format_compiled_model(model, info.get("functions", ())))
     return 0
 
 
@@ -204,3 +225,265 @@ def _format(info: dict[str, Any]) -> str:
     lines.append(f"blob: {_size(blob['blob_bytes'])} in {where}, {len(entries)} module entries + _import_tree")
     lines.append(f"import tree: row_ptr={row_ptr} child_indices={child}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------
+# Extensions: the compiled model inside a library, ONNX models, and --graph drawings.
+# ------------------------------------------------------------------------------------
+def _raw_blob(path: str) -> Any:
+    """The module blob of a library (no length header), or None; never loads the library."""
+    from ..runtime import blob as _blob
+
+    if path.endswith(".tar") or (not path.endswith(".so") and tarfile.is_tarfile(path)):
+        from ..runtime.export import MANIFEST_NAME
+
+        try:
+            with tarfile.open(path, "r:*") as tf:
+                man = json.loads(tf.extractfile(MANIFEST_NAME).read().decode("utf-8"))  # type: ignore[union-attr]
+                if not man.get("blob"):
+                    return None
+                packed = tf.extractfile(str(man["blob"])).read()  # type: ignore[union-attr]
+        except (KeyError, AttributeError, tarfile.TarError, OSError, ValueError) as err:
+            raise FormatError(f"{path}: cannot read the module blob ({err})") from err
+        return _blob.unpack(packed, f"{path}: blob")
+    from ..runtime.elf import ElfFile
+
+    sec = ElfFile(path).section_data(_blob.SECTION_NAME)
+    return None if sec is None else _blob.unpack(sec, f"{path}: section {_blob.SECTION_NAME}")
+
+
+def _read_factory_payload(payload: bytes, where: str) -> tuple[str, str, bytes]:
+    """Split an executor-factory payload into (graph JSON, module name, params bytes)."""
+    import struct
+
+    parts = []
+    pos = 0
+    for what in ("graph JSON", "module name", "params"):
+        if pos + 8 > len(payload):
+            raise FormatError(f"{where}: executor factory payload truncated before its {what}")
+        (n,) = struct.unpack_from("<Q", payload, pos)
+        pos += 8
+        if pos + n > len(payload):
+            raise FormatError(f"{where}: executor factory {what} declares {n} bytes, {len(payload) - pos} left")
+        parts.append(bytes(payload[pos : pos + n]))
+        pos += n
+    return parts[0].decode("utf-8"), parts[1].decode("utf-8"), parts[2]
+
+
+def compiled_model_info(path: str) -> dict[str, Any] | None:
+    """Graph, params and memory plan of the compiled model in a library, or None when the
+    library holds no executor factory. Read from the blob; nothing is loaded."""
+    from ..runtime import blob as _blob
+    from ..runtime.params import load_param_dict
+    from ._common import graph_json_stats
+
+    raw = _raw_blob(path)
+    if raw is None:
+        return None
+    d = _blob.decode(raw, f"{path}: module blob")
+    entry = next((e for e in d.entries if e.type_key == "GraphExecutorFactory"), None)
+    if entry is None or entry.payload is None:
+        return None
+    graph_json, mod_name, pbytes = _read_factory_payload(entry.payload, path)
+    params = load_param_dict(pbytes) if pbytes else {}
+    st = graph_json_stats(graph_json, list(params))
+    return {
+        "mod_name": mod_name,
+        "graph_json": graph_json,
+        "graph_json_bytes": len(graph_json),
+        "inputs": _graph_inputs(graph_json, set(params)),
+        "outputs": _graph_outputs(graph_json),
+        "params": {"count": len(params), "bytes": sum(int(v.nbytes) for v in params.values())},
+        "kernel_calls": st.kernel_calls,
+        "unique_functions": st.unique_functions,
+        "nop_aliases": st.nop_calls,
+        "memory": {"num_storages": st.num_storages, "planned_bytes": st.planned_bytes,
+                   "no_reuse_bytes": st.no_reuse_bytes, "fixed_bytes": st.fixed_bytes},
+        "param_names": sorted(params),
+    }
+
+
+def _graph_inputs(graph_json: str, params: set[str]) -> list[dict[str, Any]]:
+    from ..runtime.graph_json import load_graph_json
+
+    g = load_graph_json(graph_json)
+    return [{"name": g.nodes[n].name, "shape": list(g.shape[g.entry_id(n)]), "dtype": g.dltype[g.entry_id(n)]}
+            for n in g.arg_nodes if g.nodes[n].name not in params]
+
+
+def _graph_outputs(graph_json: str) -> list[dict[str, Any]]:
+    from ..runtime.graph_json import load_graph_json
+
+    g = load_graph_json(graph_json)
+    return [{"shape": list(g.shape[g.entry_id(n, i)]), "dtype": g.dltype[g.entry_id(n, i)]} for n, i, _ in g.heads]
+
+
+def _tensor_line(t: dict[str, Any]) -> str:
+    name = f"{t['name']}: " if t.get("name") is not None else ""
+    return f"{name}{t['dtype']} [{', '.join(str(d) for d in t['shape'])}]"
+
+
+def _format_compiled_model(m: dict[str, Any], functions: Any = ()) -> str:
+    mem = m["memory"]
+    saved = 0.0 if not mem["no_reuse_bytes"] else 100.0 * (1 - mem["planned_bytes"] / mem["no_reuse_bytes"])
+    lines = [f"compiled model '{m['mod_name']}':"]
+    linked = "_lookup_linked_param" in functions
+    if linked:
+        lines.append("  (--link-params library: the weights are compiled into the code, so the argument "
+                     "list below holds the inputs and the linked params)")
+    lines += [f"  {'arg   ' if linked else 'input '} {_tensor_line(t)}" for t in m["inputs"]]
+    lines += [f"  output {i}: {_tensor_line(t)}" for i, t in enumerate(m["outputs"])]
+    lines.append(f"  kernels: {m['kernel_calls']} calls, {m['unique_functions']} unique functions"
+                 + (f", {m['nop_aliases']} __nop aliases" if m["nop_aliases"] else ""))
+    lines.append(f"  params: {m['params']['count']} tensors, {_size(m['params']['bytes'])}")
+    lines.append(f"  memory plan: {mem['num_storages']} storages; activations {_size(mem['planned_bytes'])} "
+                 f"planned vs {_size(mem['no_reuse_bytes'])} without reuse ({saved:.0f}% saved); "
+                 f"inputs+params {_size(mem['fixed_bytes'])}")
+    return "\n".join(lines)
+
+
+def inspect_onnx(path: str) -> dict[str, Any]:
+    """Inputs, outputs, op counts and Kiln support of an ONNX model (JSON-able dict)."""
+    from ._common import load_onnx_model
+
+    model = load_onnx_model(path)
+    g = model.graph
+    import onnx
+
+    def ttype(vi: Any) -> dict[str, Any]:
+        tt = vi.type.tensor_type
+        dims: list[Any] = []
+        for dd in tt.shape.dim:
+            dims.append(dd.dim_value if dd.HasField("dim_value") else (dd.dim_param or "?"))
+        try:
+            dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "?"
+        except Exception:  # noqa: BLE001
+            dt = onnx.TensorProto.DataType.Name(tt.elem_type).lower()
+        return {"name": vi.name, "dtype": dt, "shape": dims}
+
+    inits = {t.name for t in g.initializer}
+    counts: dict[str, int] = {}
+    for n in g.node:
+        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    n_values = 0
+    for t in g.initializer:
+        c = 1
+        for dd in t.dims:
+            c *= dd
+        n_values += c
+    try:
+        from ..frontend import supported_ops
+
+        supported = set(supported_ops())
+        unsupported = sorted(k for k in counts if k not in supported)
+    except Exception:  # noqa: BLE001 - the frontend is optional for a plain summary
+        unsupported = None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {
+        "path": path,
+        "kind": "onnx",
+        "file_bytes": os.path.getsize(path),
+        "graph_name": g.name,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "ir_version": model.ir_version,
+        "opset": opset,
+        "inputs": [ttype(vi) for vi in g.input if vi.name not in inits],
+        "outputs": [ttype(vi) for vi in g.output],
+        "initializers": {"count": len(g.initializer), "values": n_values},
+        "nodes": len(g.node),
+        "op_counts": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "unsupported_ops": unsupported,
+    }
+
+
+def _format_onnx(info: dict[str, Any]) -> str:
+    lines = [f"model: {info['path']} (ONNX, {_size(info['file_bytes'])}, ir_version {info['ir_version']}, "
+             f"opset {info['opset']}" + (f", producer {info['producer']}" if info["producer"] else "") + ")"]
+    lines.append(f"inputs ({len(info['inputs'])}):")
+    lines += [f"  {_tensor_line(t)}" for t in info["inputs"]]
+    lines.append(f"outputs ({len(info['outputs'])}):")
+    lines += [f"  {_tensor_line(t)}" for t in info["outputs"]]
+    ini = info["initializers"]
+    lines.append(f"initializers: {ini['count']} ({ini['values']} values)")
+    lines.append(f"nodes: {info['nodes']} ({len(info['op_counts'])} op types)")
+    lines.append("op counts: " + ", ".join(f"{k} {v}" for k, v in info["op_counts"].items()))
+    uns = info["unsupported_ops"]
+    if uns is None:
+        lines.append("kiln support: unknown (the ONNX frontend is not available)")
+    elif uns:
+        lines.append(f"kiln support: UNSUPPORTED op types: {', '.join(uns)}")
+    else:
+        lines.append(f"kiln support: all {len(info['op_counts'])} op types are supported")
+    return "\n".join(lines)
+
+
+def _run_extended(args: argparse.Namespace) -> int:
+    from . import _common as C
+
+    path = args.library
+    is_onnx = path.lower().endswith(".onnx")
+    if is_onnx:
+        C.require_file(path, "ONNX model")
+        shapes = C.parse_input_shapes(args.input_shape)
+        info: dict[str, Any] = inspect_onnx(path)
+        graph = params = None
+        if args.ir or args.plan or args.graph:
+            graph, params = C.import_onnx(path, shapes)
+        text = [_format_onnx(info)]
+        if args.ir:
+            info["ir"] = str(graph)
+            text += ["", "Kiln IR (as imported):", info["ir"]]
+        if args.plan:
+            C.check_target(args.target)
+            from .. import build as kiln_build
+
+            factory = kiln_build(graph, target=args.target, params=params)
+            st = C.graph_json_stats(factory.get_graph_json(), list(factory.get_graph_params()))
+            plan = {"kernel_calls": st.kernel_calls, "unique_functions": st.unique_functions,
+                    "fused_groups": st.kernel_calls + st.nop_calls,
+                    "memory": {"num_storages": st.num_storages, "planned_bytes": st.planned_bytes,
+                               "no_reuse_bytes": st.no_reuse_bytes, "fixed_bytes": st.fixed_bytes}}
+            info["plan"] = plan
+            mem = plan["memory"]
+            saved = 0.0 if not mem["no_reuse_bytes"] else 100.0 * (1 - mem["planned_bytes"] / mem["no_reuse_bytes"])
+            text += ["", f"when built (target {args.target}): {plan['fused_groups']} fused groups, "
+                     f"{st.kernel_calls} kernel calls, {st.unique_functions} unique functions",
+                     f"memory plan: {mem['num_storages']} storages; activations {_size(mem['planned_bytes'])} "
+                     f"planned vs {_size(mem['no_reuse_bytes'])} without reuse ({saved:.0f}% saved); "
+                     f"inputs+params {_size(mem['fixed_bytes'])}"]
+        if args.graph:
+            from ..driver import fuse
+
+            fused = fuse(graph, params)
+            dot = C.dot_from_fused(fused, title=os.path.basename(path))
+            info["graph"] = _write_drawing(C, dot, args.graph, text, len(fused.groups), "fused groups")
+    else:
+        info = inspect_library(path)
+        model = compiled_model_info(path)
+        text = [_format(info)]
+        if model is not None:
+            info["compiled_model"] = {k: v for k, v in model.items() if k != "graph_json"}
+            text.append(_format_compiled_model(model, info.get("functions", ())))
+        if args.graph:
+            if model is None:
+                raise FormatError(f"{path}: holds no compiled model (no GraphExecutorFactory), nothing to draw")
+            dot = C.dot_from_graph_json(model["graph_json"], model["param_names"], title=os.path.basename(path))
+            info["graph"] = _write_drawing(C, dot, args.graph, text, model["kernel_calls"], "kernels")
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print("\n".join(text))
+    return 0
+
+
+def _write_drawing(C: Any, dot: str, out: str, text: list[str], n: int, what: str) -> dict[str, Any]:
+    import sys
+
+    written, note = C.write_graph(dot, out)
+    if note in ("DOT", "SVG", "PNG", "PDF"):
+        text.append(f"graph: wrote {written} ({note}, {n} {what} as clusters)")
+        return {"path": written, "format": note.lower()}
+    text.append(f"graph: wrote {written} (DOT, {n} {what} as clusters)")
+    print(f"kiln: note: {note}", file=sys.stderr)
+    return {"path": written, "format": "dot", "note": note}

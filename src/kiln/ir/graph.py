@@ -7,7 +7,7 @@ a :class:`Value`; values are compared by identity. Constants are nodes of op ``"
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 

@@ -10,8 +10,7 @@ from ..tir.dtype import check_dtype
 from ..tir.expr import ExprOp, IntImm, PrimExpr, ProducerLoad, Reduce, Var, convert
 from ..tir.functor import post_order_visit
 
-__all__ = ["IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp", "placeholder", "compute", "reduce_axis",
-           "thread_axis_unsupported"]
+__all__ = ["IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp", "placeholder", "compute", "reduce_axis"]
 
 
 class IterVar(ExprOp):
@@ -264,6 +263,8 @@ def compute(shape: Sequence[int] | int, fcompute: Callable[..., Any], name: str 
         params = list(inspect.signature(fcompute).parameters.values())
     except (TypeError, ValueError):  # builtins
         params = []
+    # parameters with defaults (``lambda i, f=f: ...``) are closures, not indices
+    params = [p for p in params if p.default is p.empty or p.kind == p.VAR_POSITIONAL]
     if params and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
         if len(params) != len(shp):
             raise CompileError(f"compute {name}: fcompute takes {len(params)} indices but the shape has {len(shp)} dims")
@@ -276,11 +277,6 @@ def compute(shape: Sequence[int] | int, fcompute: Callable[..., Any], name: str 
     body = [convert(r) for r in (res if multi else [res])]
     op = ComputeOp(name, tag, attrs, axis, body)
     return tuple(op.outputs) if multi else op.output(0)
-
-
-def thread_axis_unsupported(*_: Any, **__: Any) -> None:  # pragma: no cover - documentation aid
-    """GPU thread axes are not supported by the CPU code generators yet."""
-    raise CompileError("te.thread_axis: GPU thread binding is not supported yet")
 
 
 _ = Var

@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 from .. import te
 from ..tir.dtype import is_float, is_int
 from .registry import register_compute
-from .util import TAG_BROADCAST, bload, broadcast_index, compute_dtype, load, norm_axis
+from .util import TAG_BROADCAST, bload, compute_dtype, norm_axis
 
 __all__ = ["broadcast_compute", "broadcast_shape"]
 
@@ -172,5 +172,4 @@ def where(attrs: dict, inputs: list, out_types: list) -> list:
     return [broadcast_compute([c, x, y], lambda cv, xv, yv: te.if_then_else(cv, xv, yv), "where", None, x.dtype)]
 
 
-_ = (broadcast_index, load)
 del _n, _f

@@ -21,13 +21,14 @@ def flat_index(idx: Sequence[Any], shape: Sequence[int]) -> Any:
 
 def unravel(flat: Any, shape: Sequence[int]) -> list[Any]:
     """Row-major multi-index of ``flat`` in ``shape``."""
+    if not shape:
+        return []
     idx: list[Any] = []
-    for d in reversed(shape):
+    for d in reversed(shape[1:]):
         idx.append(te.floormod(flat, d) if d != 1 else te.const(0))
         flat = te.floordiv(flat, d) if d != 1 else flat
-    if shape:
-        # the outermost index needs no modulo (flat < size)
-        idx[-1] = flat if shape[0] != 1 else te.const(0)
+    # the outermost index needs no modulo (flat < size)
+    idx.append(flat if shape[0] != 1 else te.const(0))
     return list(reversed(idx))
 
 

@@ -6,7 +6,6 @@ from typing import Any, Sequence
 
 from .. import te
 from ..runtime.errors import CompileError
-from ..tir.dtype import is_float
 
 __all__ = [
     "TAG_ELEMWISE", "TAG_BROADCAST", "TAG_INJECTIVE", "INJECTIVE_TAGS", "is_injective_stage",
@@ -105,5 +104,3 @@ def traverse_stages(outs: Sequence[te.Tensor]) -> list[te.Operation]:
         visit(o.op)
     return order
 
-
-_ = is_float

@@ -23,15 +23,18 @@ group unless it can join the group that holds **all** of its consumers:
                                                                                output shape
   ELEMWISE / BROADCAST            COMM_REDUCE                                  anchor, same
                                                                                output shape
-  COMM_REDUCE                     ELEMWISE / BROADCAST / INJECTIVE             COMM_REDUCE
+  COMM_REDUCE                     a whole ELEMWISE..INJECTIVE group (phase 2)  COMM_REDUCE
   OUT_ELEMWISE_FUSABLE            nothing (its inputs stay kernel arguments)
   anything                        OPAQUE: never fused
   ==============================  ===========================================  ============
 
   i.e. an anchor absorbs its elementwise epilogue (bias, activation, residual add), injective
-  chains fuse, injective producers fuse into a reduction, a reduction absorbs its elementwise
-  epilogue. The "same output shape" condition keeps an epilogue from broadcasting the
-  anchor's result to a bigger tensor, which anchor schedules do not tile for.
+  chains fuse, a reduction absorbs its elementwise epilogue. In a second phase, a group that
+  is still purely elementwise/injective fuses into the reduction that consumes all of it
+  (square -> mean); doing this in the first phase would let a reduction steal the epilogue of
+  the conv feeding it (conv -> bias -> relu -> global-avg-pool). The "same output shape"
+  condition keeps an epilogue from broadcasting the anchor's result to a bigger tensor,
+  which anchor schedules do not tile for.
 * ``reshape`` nodes with ``alias=True`` (set by Simplify) and ``OPAQUE`` ops stand alone; an
   aliasing reshape becomes a ``__nop`` group (no kernel, shares its input's memory).
 * ``constant`` nodes belong to no group: they are external inputs of the groups using them
@@ -46,8 +49,6 @@ non-root node).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
-
 from ..ir import Graph, Node, OpPattern, Value, get_op
 
 __all__ = ["FusedGroup", "FusedGraph", "fuse_ops", "FuseOps", "is_alias_reshape"]
@@ -184,8 +185,8 @@ def _combine(g: _Group, node: Node, pat: OpPattern) -> OpPattern | None:
         return None
     if gp == OpPattern.INJECTIVE:
         return gp if pat in _EBI else None
-    if gp == OpPattern.COMM_REDUCE:
-        return gp if pat in _EBI else None
+    # COMM_REDUCE takes its injective producers only in phase 2 (see fuse_ops): taking them
+    # here would let a reduction steal the epilogue of a conv/dense feeding it.
     return None  # OUT_ELEMWISE_FUSABLE takes no producers; OPAQUE / TUPLE take nothing
 
 
@@ -259,6 +260,28 @@ def fuse_ops(graph: Graph, opt_level: int = 3, max_group_size: int = MAX_GROUP_S
         groups.append(g)
         group_of[node] = g
 
+    if opt_level >= 1:
+        # Phase 2: a group that is still purely injective fuses into the reduction consuming
+        # it (e.g. square -> mean), when that reduction group holds all of its consumers.
+        for g in sorted(groups, key=lambda g: -pos[g.nodes[0]]):
+            if g.closed or g.pattern not in _EBI:
+                continue
+            root = g.nodes[0]
+            if any(v in outputs for v in root.outputs):
+                continue
+            targets = {id(group_of[c]): group_of[c] for v in root.outputs
+                       for c in consumers.get(v, [])}
+            if len(targets) != 1:
+                continue
+            (r,) = targets.values()
+            if r.pattern != OpPattern.COMM_REDUCE or len(r.nodes) + len(g.nodes) > max_group_size:
+                continue
+            r.nodes.extend(g.nodes)
+            for n in g.nodes:
+                group_of[n] = r
+            g.nodes = []
+        groups = [g for g in groups if g.nodes]
+
     result: list[FusedGroup] = []
     for g in sorted(groups, key=lambda g: pos[g.nodes[0]]):
         nodes = sorted(g.nodes, key=lambda n: pos[n])
@@ -295,7 +318,3 @@ class FuseOps:
     def __call__(self, graph: Graph) -> FusedGraph:
         return fuse_ops(graph, self.opt_level, self.max_group_size)
 
-
-def group_signature_ops(groups: Sequence[FusedGroup]) -> list[list[str]]:
-    """``[[op, ...], ...]`` per group — handy in tests."""
-    return [g.ops for g in groups]

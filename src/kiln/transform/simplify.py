@@ -121,7 +121,8 @@ def _fold_plan(graph: Graph) -> dict[int, tuple[Node, Node | None, np.ndarray, n
                 and prod.inputs[1].is_constant:
             bias, x = prod, prod.inputs[0]
             prod = x.node
-        if prod is None or uses.get(x) != 1 or not prod.inputs[1].is_constant:
+        if prod is None or prod.op not in ("conv2d", "conv2d_transpose", "dense") \
+                or uses.get(x) != 1 or not prod.inputs[1].is_constant:
             continue
         ndim = x.type.ndim
         axis = norm_axis(node.attrs["axis"], ndim)

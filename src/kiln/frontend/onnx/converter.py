@@ -274,7 +274,8 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
     shape : dict, optional
         ``{input_name: shape}`` overriding (or fixing dynamic) input shapes.
     dtype : str or dict, optional
-        Input dtype override, for all inputs or ``{input_name: dtype}``.
+        Input dtype override: one dtype for every floating-point input, or
+        ``{input_name: dtype}``.
     freeze : dict or bool, optional
         ``{input_name: array}`` turns runtime inputs into constants (shape tensors fed as inputs,
         as in the ONNX node tests). ``True`` turns every initializer into a constant too.
@@ -293,8 +294,6 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
     InputError
         Missing/dynamic shapes, unknown names in ``shape``/``freeze``, type mismatches.
     """
-    import onnx
-
     _load_converters()
     model = load_onnx(model_or_path)
     opset = 1
@@ -328,7 +327,14 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
             want = onnx_dtype(vi.type.tensor_type.elem_type)
             env[vi.name] = ctx.const(arr.astype(np_dtype(want), copy=False))
             continue
-        dt = dtype.get(vi.name) if isinstance(dtype, Mapping) else dtype
+        if isinstance(dtype, Mapping):
+            dt = dtype.get(vi.name)
+        else:
+            # A single dtype retypes the floating-point inputs only (index / mask inputs keep
+            # their integer / bool types).
+            src = onnx_dtype(vi.type.tensor_type.elem_type)
+            dt = dtype if dtype is not None and src in ("float16", "bfloat16", "float32",
+                                                        "float64") else None
         ty = _input_type(vi, shape.get(vi.name), dt)
         env[vi.name] = ctx.graph.add_input(vi.name, ty.shape, ty.dtype)
 
@@ -392,7 +398,6 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
     ctx.graph.outputs = outputs
     graph = _prune(ctx.graph, set(params))
     params = {k: v for k, v in params.items() if k in set(graph.input_names)}
-    _ = onnx
     return graph, params
 
 

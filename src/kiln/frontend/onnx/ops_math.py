@@ -31,8 +31,10 @@ def _unary(ctx: Context, node, ins, attrs):
 @onnx_op(*_BINARY)
 def _binary(ctx: Context, node, ins, attrs):
     a, b = ins
-    if node.op_type in ("Add", "Sub", "Mul", "Div") and ctx.opset < 7 and attrs.get("broadcast"):
-        raise ctx.unsupported("legacy (opset < 7) axis broadcasting")
+    if ctx.opset < 7 and attrs.get("broadcast") and "axis" in attrs:
+        # Legacy broadcasting: b's dims align with a's starting at `axis`.
+        axis = attrs["axis"] + (a.type.ndim if attrs["axis"] < 0 else 0)
+        b = ctx.reshape(b, b.shape + (1,) * (a.type.ndim - axis - b.type.ndim))
     return ctx.emit1(_BINARY[node.op_type], a, b)
 
 
@@ -92,7 +94,11 @@ def _hard_sigmoid(ctx: Context, node, ins, attrs):
 
 @onnx_op("PRelu")
 def _prelu(ctx: Context, node, ins, attrs):
-    return ctx.emit1("prelu", ins[0], ins[1])
+    x, slope = ins
+    if ctx.opset < 7 and slope.type.ndim == 1 and x.type.ndim > 2 and slope.shape[0] > 1:
+        # Opset < 7 slopes are per channel (axis 1).
+        slope = ctx.reshape(slope, slope.shape + (1,) * (x.type.ndim - 2))
+    return ctx.emit1("prelu", x, slope)
 
 
 @onnx_op("Gelu")

@@ -8,8 +8,8 @@ import numpy as np
 
 from ...runtime.errors import InputError
 from ..op import REQUIRED, OpPattern, register_op
-from ..types import FLOAT_DTYPES, INT_DTYPES, TensorType, np_dtype
-from ._util import Attrs, broadcast_shapes, float_compute, norm_axis, require_float, same_dtype
+from ..types import TensorType, np_dtype
+from ._util import Attrs, broadcast_shapes, norm_axis, require_float, same_dtype
 
 try:  # scipy is optional; math.erf is exact but slower
     from scipy.special import erf as _erf_impl
@@ -192,10 +192,6 @@ def _clip(x, attrs):
                       hi if hi is not None else np.inf).astype(x.dtype)
 
 
-def _round_half_even(x):
-    return np.round(x)
-
-
 # ----------------------------------------------------------------------------- registration
 E, B = OpPattern.ELEMWISE, OpPattern.BROADCAST
 
@@ -210,7 +206,7 @@ _FLOAT_UNARY = {
     "reciprocal": (lambda x, a: 1.0 / x.astype(np.float64), "1 / x"),
     "floor": (lambda x, a: np.floor(x), "floor"),
     "ceil": (lambda x, a: np.ceil(x), "ceil"),
-    "round": (lambda x, a: _round_half_even(x), "round half to even"),
+    "round": (lambda x, a: np.round(x), "round half to even"),
     "sin": (lambda x, a: np.sin(x.astype(np.float64)), "sine"),
     "cos": (lambda x, a: np.cos(x.astype(np.float64)), "cosine"),
     "softplus": (lambda x, a: np.logaddexp(0.0, x.astype(np.float64)), "log(1 + exp(x))"),
@@ -342,4 +338,3 @@ register_op("where", type_rel=_where_rel, pattern=B,
             doc="cond ? x : y with broadcasting", inputs=("cond", "x", "y"))
 
 del _name, _fn, _doc
-_ = (FLOAT_DTYPES, INT_DTYPES, float_compute)

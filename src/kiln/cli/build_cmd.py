@@ -1,0 +1,128 @@
+"""``kiln build MODEL.onnx -o OUT.so|OUT.tar``: compile an ONNX model into one library.
+
+Shows the stages on stderr while it works (import, optimize, lower, codegen+compile, export)
+and prints a summary on stdout: kernels and unique functions, fused groups, planned memory
+vs. no reuse, file size, total time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..runtime.errors import InputError
+
+__all__ = ["register", "run", "summarize"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``build`` subcommand."""
+    p = subparsers.add_parser(
+        "build",
+        help="compile an ONNX model into one .so (or .tar) library",
+        description="Compile an ONNX model into one shared library holding the kernels, the "
+        "execution graph and the weights. Load it with kiln.runtime.load_module or `kiln run`.",
+        epilog="example: kiln build resnet18.onnx -o resnet18.so --input-shape data:1,3,224,224",
+    )
+    p.add_argument("model", help="the ONNX model (.onnx)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="library to write: OUT.so or OUT.tar")
+    p.add_argument("--target", default="llvm", metavar="T",
+                   help="compilation target: llvm (default), 'llvm -mcpu=native', c, ...")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
+                   help="fix an input's shape, e.g. data:1,3,224,224 (repeatable; needed for dynamic dims)")
+    p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4), metavar="N",
+                   help="0 no fusion/folding, 1 fusion, 2-3 everything (default 3)")
+    p.add_argument("--link-params", action="store_true",
+                   help="compile the weights into the kernel code instead of the params blob")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import _common as C
+
+    out = args.output
+    if not out.endswith((".so", ".tar")):
+        raise InputError(f"-o {out}: the output must end in .so or .tar")
+    shapes = C.parse_input_shapes(args.input_shape)
+    C.require_file(args.model, "ONNX model")
+    C.check_target(args.target)
+    prog = C.Progress(enabled=not args.quiet)
+    res = C.build_model(args.model, target=args.target, shapes=shapes, opt_level=args.opt_level,
+                        link_params=args.link_params, output=out, progress=prog)
+    info = summarize(res, args)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_summary(info))
+    return 0
+
+
+def summarize(res: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Summary numbers of a finished build (JSON-able)."""
+    from . import _common as C
+
+    factory = res.factory
+    gstats = C.graph_json_stats(factory.get_graph_json(), list(factory.get_graph_params()))
+    bstats = getattr(factory, "build_stats", None)
+    params = factory.get_graph_params()
+    param_bytes = sum(int(v.nbytes) for v in params.values())
+    info: dict[str, Any] = {
+        "model": args.model,
+        "output": res.path,
+        "target": str(C.check_target(args.target)),
+        "opt_level": args.opt_level,
+        "ir_ops_imported": sum(1 for n in res.graph.nodes if n.op != "constant"),
+        "ir_ops_optimized": getattr(bstats, "num_ops", None),
+        "fused_groups": getattr(bstats, "num_groups", gstats.kernel_calls + gstats.nop_calls),
+        "kernel_calls": gstats.kernel_calls,
+        "unique_functions": getattr(bstats, "num_functions", gstats.unique_functions),
+        "nop_aliases": gstats.nop_calls,
+        "memory": {
+            "planned_bytes": gstats.planned_bytes,
+            "no_reuse_bytes": gstats.no_reuse_bytes,
+            "fixed_bytes": gstats.fixed_bytes,
+            "num_storages": gstats.num_storages,
+        },
+        "params": {"count": len(params), "bytes": param_bytes,
+                   "linked": bool(getattr(bstats, "linked_params", False))},
+        "file_bytes": res.file_bytes,
+        "timings": {k: round(v, 6) for k, v in res.progress.timings.items()},
+        "total_seconds": round(res.progress.total, 6),
+    }
+    plan = getattr(factory, "memory_plan", None)
+    if plan is not None:  # the driver's own numbers, when it attached them
+        info["memory"].update(planned_bytes=plan.planned_bytes, no_reuse_bytes=plan.no_reuse_bytes,
+                              fixed_bytes=plan.fixed_bytes, num_storages=plan.num_storages)
+    return info
+
+
+def format_summary(info: dict[str, Any]) -> str:
+    from ._common import fmt_bytes, fmt_seconds
+
+    mem = info["memory"]
+    saved = 0.0 if not mem["no_reuse_bytes"] else 100.0 * (1 - mem["planned_bytes"] / mem["no_reuse_bytes"])
+    ops = f"{info['ir_ops_imported']} imported"
+    if info["ir_ops_optimized"] is not None:
+        ops += f", {info['ir_ops_optimized']} after optimization"
+    prm = info["params"]
+    where = "compiled into the code (--link-params)" if prm["linked"] else "in the library's params blob"
+    if not prm["count"]:
+        where = "none left as params" if not prm["linked"] else "compiled into the code (--link-params)"
+    timings = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in info["timings"].items())
+    lines = [
+        f"built {info['model']} -> {info['output']}  (target {info['target']}, opt-level {info['opt_level']})",
+        f"  ops           {ops}",
+        f"  fused groups  {info['fused_groups']}"
+        + (f" ({info['nop_aliases']} of them __nop aliases)" if info["nop_aliases"] else ""),
+        f"  kernels       {info['kernel_calls']} calls, {info['unique_functions']} unique functions",
+        f"  memory        activations {fmt_bytes(mem['planned_bytes'])} planned vs "
+        f"{fmt_bytes(mem['no_reuse_bytes'])} without reuse ({saved:.0f}% saved); "
+        f"inputs+params {fmt_bytes(mem['fixed_bytes'])}",
+        f"  params        {prm['count']} tensors, {fmt_bytes(prm['bytes'])}, {where}",
+        f"  file          {info['output']}, {fmt_bytes(info['file_bytes'] or 0)}",
+        f"  time          {fmt_seconds(info['total_seconds'])} total ({timings})",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""``kiln demo``: the whole Kiln flow on a small model that ships with the package.
+
+Imports ``kiln/data/demo_cnn.onnx`` (a tiny residual CNN classifier with fixed weights),
+compiles it, exports one ``.so``, loads that file back, runs it on a fixed input, checks the
+answer against the NumPy reference interpreter (``kiln.ir.evaluate``) and times it.
+Exit code 0 means "verified".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from ..runtime.errors import KilnError
+
+__all__ = ["register", "run", "demo_model_path"]
+
+#: Largest accepted max |kiln - reference| / max |reference| for float32 kernels.
+TOLERANCE = 1e-4
+
+
+def demo_model_path() -> str:
+    """Path of the ONNX model ``kiln demo`` compiles."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "demo_cnn.onnx")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``demo`` subcommand."""
+    p = subparsers.add_parser(
+        "demo",
+        help="compile, export, reload, run and verify a small built-in model",
+        description="Compile the small CNN that ships with Kiln into a shared library, load it back, "
+        "run it, check the result against Kiln's NumPy reference interpreter and time it.",
+    )
+    p.add_argument("--target", default="llvm", metavar="T", help="compilation target (default llvm; try c)")
+    p.add_argument("--keep", metavar="OUT.so", help="keep the compiled library at this path")
+    p.add_argument("--repeat", type=int, default=50, metavar="N", help="timed runs (default 50)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import _common as C
+
+    if args.repeat < 1:
+        raise KilnError(f"--repeat must be >= 1, got {args.repeat}")
+    model_path = demo_model_path()
+    C.require_file(model_path, "demo model (package data)")
+    C.check_target(args.target)
+    if args.keep and not args.keep.endswith((".so", ".tar")):
+        raise KilnError(f"--keep {args.keep}: must end in .so or .tar")
+    t_start = time.perf_counter()
+    print(f"kiln demo: {os.path.basename(model_path)} -- a small residual CNN "
+          "(conv/bn/relu/pool/residual add/gemm/softmax), 1x3x32x32 image -> 10 class probabilities")
+
+    with tempfile.TemporaryDirectory(prefix="kiln_demo_") as tmp:
+        lib_path = args.keep or os.path.join(tmp, "demo_cnn.so")
+        prog = C.Progress()
+        res = C.build_model(model_path, target=args.target, output=lib_path, progress=prog)
+        graph, params = res.graph, res.params
+        t_build = prog.total
+        bstats = getattr(res.factory, "build_stats", None)
+        n_kernels = getattr(bstats, "num_kernel_calls", None)
+        print(f"1. imported    {sum(1 for n in graph.nodes if n.op != 'constant')} ops, "
+              f"{len(params)} weight tensors ({C.fmt_bytes(sum(a.nbytes for a in params.values()))})")
+        print(f"2. compiled    target {args.target}: "
+              + (f"{n_kernels} fused kernels, " if n_kernels is not None else "")
+              + f"built and exported in {C.fmt_seconds(t_build)}")
+        print(f"3. exported    {lib_path if args.keep else os.path.basename(lib_path)} "
+              f"({C.fmt_bytes(res.file_bytes or 0)}: kernels + graph + weights in one file)")
+
+        t0 = time.perf_counter()
+        factory = C.load_factory(lib_path)
+        m = C.create_graph_module(factory)
+        t_load = time.perf_counter() - t0
+        print(f"4. reloaded    kiln.runtime.load_module(...) in {C.fmt_seconds(t_load)}")
+
+        shapes, dtypes = m.get_input_info()
+        x = C.random_inputs(shapes, dtypes, seed=0)
+        m.set_input(**x)
+        m.run()
+        y = [np.asarray(m.get_output(i).numpy()) for i in range(m.get_num_outputs())]
+        from ..ir import evaluate
+
+        ref = evaluate(graph, x, params)
+        errs = C.compare_outputs(y, ref)
+        abs_err = max(e[0] for e in errs)
+        rel_err = max(e[1] for e in errs)
+        top = int(np.argmax(y[0].reshape(-1)))
+        print(f"5. ran         input {C.array_summary(next(iter(x.values())))}")
+        print(f"               output {C.array_summary(y[0])}; top class {top} "
+              f"(p={float(y[0].reshape(-1)[top]):.3f})")
+
+        br = m.benchmark(repeat=args.repeat, number=1)
+        lat = C.latency_stats(br.results)
+        threads = C.set_threads(None, factory)
+        print(f"6. timed       median {lat['median']:.3f} ms, p90 {lat['p90']:.3f} ms, min {lat['min']:.3f} ms "
+              f"over {args.repeat} runs" + (f" ({threads} threads)" if threads else ""))
+        ok = rel_err <= TOLERANCE
+        print(f"7. checked     vs NumPy reference (kiln.ir.evaluate): max abs error {abs_err:.2e}, "
+              f"max rel error {rel_err:.2e} (tolerance {TOLERANCE:.0e})")
+        total = time.perf_counter() - t_start
+        if not ok:
+            raise KilnError(f"demo output does not match the reference: max rel error {rel_err:.2e} > {TOLERANCE:.0e}")
+        print(f"verified: build {C.fmt_seconds(t_build)}, latency median {lat['median']:.3f} ms, "
+              f"max error {abs_err:.1e}, total {C.fmt_seconds(total)}")
+        if args.keep:
+            print(f"library kept at {args.keep}; try: kiln run {args.keep} / kiln bench {args.keep} / "
+                  f"kiln inspect {args.keep} --graph demo.svg")
+    return 0

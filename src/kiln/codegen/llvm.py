@@ -1,0 +1,690 @@
+"""LLVM IR generation (llvmlite.ir) for PrimFuncs; the same ABI as the C codegen.
+
+Per PrimFunc ``f`` the module gets
+
+* ``f`` — the exported packed function: checks arguments exactly like the C codegen
+  (messages name the function, argument index and name, expected vs. got), unpacks the
+  data pointers and calls
+* ``f_compute_`` — internal, one ``noalias`` pointer per buffer (LLVM's ``restrict``, kept
+  as scoped-alias metadata when inlined), which runs the loop nest;
+* ``f_parN`` / ``f_parN_body`` — for each parallel loop, the lambda handed to
+  ``__KilnBackendParallelLaunch`` (it unpacks a closure struct and runs its chunk of the
+  range) and the ``noalias`` body it calls.
+
+Value conventions match the C codegen: float16/bfloat16 are computed in ``float`` (half is
+converted by ``fpext``/``fptrunc``, bfloat16 by bit operations with round-to-nearest-even),
+bools are ``i1`` stored as ``i8``.  Loops marked ``vectorized`` are left to LLVM's loop
+vectorizer (O3); ``unrolled`` loops with a constant extent up to 64 are unrolled here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import llvmlite.ir as ir
+
+from ..runtime.errors import CompileError
+from ..tir.dtype import bits_of, dl_code, is_bool, is_float, is_integer, is_uint
+from ..tir.expr import (
+    BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
+)
+from ..tir.functor import collect_vars, post_order_visit
+from ..tir.simplify import simplify
+from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
+from .c import STACK_LIMIT_BYTES
+
+__all__ = ["LLVMCodeGen"]
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32, F64 = ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+DLTENSOR = ir.LiteralStructType([PTR, ir.LiteralStructType([I32, I32]), I32,
+                                 ir.LiteralStructType([I8, I8, I16]), PTR, PTR, I64])
+PACKED_FTY = ir.FunctionType(I32, [PTR, PTR, I32, PTR, PTR, PTR])
+LAMBDA_FTY = ir.FunctionType(I32, [I32, I32, PTR])
+
+_INTRINSIC = {"exp": "llvm.exp", "exp2": "llvm.exp2", "log": "llvm.log", "log2": "llvm.log2",
+              "log10": "llvm.log10", "sqrt": "llvm.sqrt", "sin": "llvm.sin", "cos": "llvm.cos",
+              "floor": "llvm.floor", "ceil": "llvm.ceil", "trunc": "llvm.trunc", "round": "llvm.roundeven",
+              "fabs": "llvm.fabs", "pow": "llvm.pow"}
+_LIBM = {"tanh", "erf", "log1p", "expm1", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+         "atanh", "atan2", "fmod"}
+_ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def storage_type(dtype: str) -> ir.Type:
+    """LLVM type of one buffer element."""
+    if dtype in ("float16", "bfloat16"):
+        return I16
+    if dtype == "float32":
+        return F32
+    if dtype == "float64":
+        return F64
+    if dtype == "bool":
+        return I8
+    if dtype == "handle":
+        return PTR
+    return ir.IntType(bits_of(dtype))
+
+
+def value_type(dtype: str) -> ir.Type:
+    """LLVM type expressions of ``dtype`` are computed in."""
+    if dtype in ("float16", "bfloat16", "float32"):
+        return F32
+    if dtype == "bool":
+        return I1
+    return storage_type(dtype)
+
+
+def _nsw(v: Any) -> Any:
+    if isinstance(v, ir.Instruction) and "nsw" not in v.flags:
+        v.flags.append("nsw")
+    return v
+
+
+def _safe(e: PrimExpr) -> bool:
+    """True when evaluating ``e`` speculatively cannot fault (no loads, no integer division)."""
+    ok = True
+
+    def f(n: Any) -> None:
+        nonlocal ok
+        if isinstance(n, Load) or (isinstance(n, BinaryOp) and n.op in ("floordiv", "floormod", "truncdiv",
+                                                                         "truncmod") and is_integer(n.dtype)):
+            ok = False
+
+    post_order_visit(e, f)
+    return ok
+
+
+class _Fn:
+    """Emission state of one LLVM function."""
+
+    def __init__(self, fn: ir.Function, fname: str) -> None:
+        self.fn = fn
+        self.fname = fname
+        self.entry = fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.entry)
+        self.vars: dict[Var, ir.Value] = {}
+        self.bufs: dict[int, ir.Value] = {}
+        self.nonneg: set[Var] = set()
+        self.par_depth = 0
+
+
+class LLVMCodeGen:
+    """Builds one ``llvmlite.ir.Module`` from PrimFuncs (:meth:`add_function`, :meth:`finish`)."""
+
+    def __init__(self, triple: str, data_layout: str = "", stack_limit: int = STACK_LIMIT_BYTES) -> None:
+        self.module = ir.Module(name="kiln")
+        self.module.triple = triple
+        if data_layout:
+            self.module.data_layout = data_layout
+        self.stack_limit = stack_limit
+        self.func_names: list[str] = []
+        self._strings: dict[str, ir.GlobalVariable] = {}
+        self._decls: dict[str, ir.Function] = {}
+        self._globals: dict[str, ir.GlobalVariable] = {}
+        self._n_par = 0
+
+    # ------------------------------------------------------------------ module-level helpers
+    def _declare(self, name: str, fty: ir.FunctionType) -> ir.Function:
+        f = self._decls.get(name)
+        if f is None:
+            f = ir.Function(self.module, fty, name=name)
+            self._decls[name] = f
+        return f
+
+    def _extern_ptr(self, name: str) -> ir.GlobalVariable:
+        g = self._globals.get(name)
+        if g is None:
+            g = ir.GlobalVariable(self.module, PTR, name=name)
+            g.linkage = "external"
+            self._globals[name] = g
+        return g
+
+    def _cstr(self, s: str) -> ir.GlobalVariable:
+        g = self._strings.get(s)
+        if g is None:
+            data = bytearray(s.encode("utf-8") + b"\0")
+            ty = ir.ArrayType(I8, len(data))
+            g = ir.GlobalVariable(self.module, ty, name=f".str.{len(self._strings)}")
+            g.linkage = "private"
+            g.global_constant = True
+            g.unnamed_addr = True
+            g.initializer = ir.Constant(ty, data)
+            g.type = PTR  # llvmlite types globals as typed pointers; make them plain opaque `ptr`
+            self._strings[s] = g
+        return g
+
+    # ------------------------------------------------------------------ functions
+    def add_function(self, f: PrimFunc) -> None:
+        """Emit the packed function and its internal compute function for ``f``."""
+        name = f.attrs.get("global_symbol", f.name)
+        if name in self.func_names:
+            raise CompileError(f"LLVM codegen: two functions named {name}")
+        self.func_names.append(name)
+        # internal compute function with noalias buffer pointers
+        comp = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(f.params)), name=f"{name}_compute_")
+        comp.linkage = "internal"
+        st = _Fn(comp, name)
+        for a, buf in zip(comp.args, f.params):
+            a.add_attribute("noalias")
+            a.name = buf.name
+            st.bufs[id(buf.data)] = a
+        self._stmt(st, f.body)
+        st.b.ret(ir.Constant(I32, 0))
+        self._packed_wrapper(name, f.params, comp)
+
+    def _packed_wrapper(self, name: str, params: Sequence[Buffer], comp: ir.Function) -> None:
+        fn = ir.Function(self.module, PACKED_FTY, name=name)
+        args, tcodes, nargs = fn.args[0], fn.args[1], fn.args[2]
+        st = _Fn(fn, name)
+        b = st.b
+        n = len(params)
+        pnames = ", ".join(p.name for p in params)
+        self._check(st, b.icmp_signed("!=", nargs, ir.Constant(I32, n)),
+                    f"{name}: expected {n} arguments ({pnames}), got %d", [nargs])
+        ptrs = []
+        for i, buf in enumerate(params):
+            pre = f"{name}: argument {i} ({buf.name})"
+            tc = b.load(b.gep(tcodes, [ir.Constant(I64, i)], inbounds=True, source_etype=I32), typ=I32)
+            self._check(st, b.icmp_signed("!=", tc, ir.Constant(I32, 7)),
+                        f"{pre} expected a DLTensor (type code 7), got type code %d", [tc])
+            t = b.load(b.gep(args, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), typ=PTR)
+            self._check(st, b.icmp_unsigned("==", t, ir.Constant(PTR, None)), f"{pre} is a NULL DLTensor", [])
+
+            def field(k: int, ty: ir.Type, sub: int | None = None) -> ir.Value:
+                idx = [ir.Constant(I32, 0), ir.Constant(I32, k)]
+                if sub is not None:
+                    idx.append(ir.Constant(I32, sub))
+                return b.load(b.gep(t, idx, inbounds=True, source_etype=DLTENSOR), typ=ty)
+
+            dev = field(1, I32, 0)
+            bad_dev = b.and_(b.icmp_signed("!=", dev, ir.Constant(I32, 1)), b.icmp_signed("!=", dev, ir.Constant(I32, 3)))
+            self._check(st, bad_dev, f"{pre} expected a CPU tensor, got device type %d", [dev])
+            code, bits, lanes = field(3, I8, 0), field(3, I8, 1), field(3, I16, 2)
+            bad = b.or_(b.or_(b.icmp_unsigned("!=", code, ir.Constant(I8, dl_code(buf.dtype))),
+                              b.icmp_unsigned("!=", bits, ir.Constant(I8, bits_of(buf.dtype)))),
+                        b.icmp_unsigned("!=", lanes, ir.Constant(I16, 1)))
+            cname = self._code_name(st, code)
+            self._check(st, bad, f"{pre} expected dtype {buf.dtype}, got %s%d",
+                        [cname, b.zext(bits, I32)])
+            nd = field(2, I32)
+            shape_s = _shape_str(buf.shape)
+            self._check(st, b.icmp_signed("!=", nd, ir.Constant(I32, buf.ndim)),
+                        f"{pre} expected ndim {buf.ndim} with shape {shape_s}, got ndim %d", [nd])
+            shp = field(4, PTR)
+            dims = [b.load(b.gep(shp, [ir.Constant(I64, k)], inbounds=True, source_etype=I64), typ=I64)
+                    for k in range(buf.ndim)]
+            bad = ir.Constant(I1, 0)
+            for k, d in enumerate(dims):
+                bad = b.or_(bad, b.icmp_signed("!=", d, ir.Constant(I64, buf.shape[k])))
+            got = "(" + ", ".join(["%lld"] * buf.ndim) + ("," if buf.ndim == 1 else "") + ")"
+            self._check(st, bad, f"{pre} expected shape {shape_s}, got {got}", dims)
+            strides = field(5, PTR)
+            has = b.icmp_unsigned("!=", strides, ir.Constant(PTR, None))
+            with b.if_then(has):
+                expect = 1
+                for k in reversed(range(buf.ndim)):
+                    if buf.shape[k] != 1:
+                        sv = b.load(b.gep(strides, [ir.Constant(I64, k)], inbounds=True, source_etype=I64), typ=I64)
+                        self._check(st, b.icmp_signed("!=", sv, ir.Constant(I64, expect)),
+                                    f"{pre} must be compact row-major (stride of dim {k} is %lld, expected {expect})",
+                                    [sv])
+                    expect *= buf.shape[k]
+            data = field(0, PTR)
+            off = field(6, I64)
+            ptrs.append(b.gep(data, [off], inbounds=True, source_etype=I8))
+        r = b.call(comp, ptrs)
+        b.ret(r)
+
+    def _code_name(self, st: _Fn, code: ir.Value) -> ir.Value:
+        b = st.b
+        out: ir.Value = self._cstr("code")
+        for c, nm in ((0, "int"), (1, "uint"), (2, "float"), (4, "bfloat"), (6, "bool")):
+            p = self._cstr(nm)
+            out = b.select(b.icmp_unsigned("==", code, ir.Constant(I8, c)), p, out)
+        return out
+
+    def _check(self, st: _Fn, bad: ir.Value, fmt: str, fargs: list[ir.Value]) -> None:
+        """``if (bad) { set last error to sprintf(fmt, fargs); return -1; }``."""
+        b = st.b
+        with b.if_then(bad, likely=False):
+            self._error(st, fmt, fargs)
+
+    def _error(self, st: _Fn, fmt: str, fargs: list[ir.Value]) -> None:
+        b = st.b
+        with b.goto_entry_block():
+            buf = _opaque(b.alloca(ir.ArrayType(I8, 512)))
+        snprintf = self._declare("snprintf", ir.FunctionType(I32, [PTR, I64, PTR], var_arg=True))
+        g = self._cstr(fmt.replace("%", "%%").replace("%%d", "%d").replace("%%lld", "%lld").replace("%%s", "%s"))
+        b.call(snprintf, [buf, ir.Constant(I64, 512), g, *fargs])
+        setter = b.load(self._extern_ptr("__KilnAPISetLastError"), typ=PTR)
+        b.call(_fnptr(setter, ir.FunctionType(ir.VoidType(), [PTR])), [buf])
+        b.ret(ir.Constant(I32, -1))  # if_then adds no branch after a terminator
+
+    # ------------------------------------------------------------------ statements
+    def _stmt(self, st: _Fn, s: Stmt) -> None:
+        b = st.b
+        if isinstance(s, SeqStmt):
+            for x in s.seq:
+                self._stmt(st, x)
+        elif isinstance(s, For):
+            self._for(st, s)
+        elif isinstance(s, BufferStore):
+            ptr = self._addr(st, s.buffer, s.indices)
+            v = self._expr(st, s.value)
+            b.store(self._to_storage(st, v, s.buffer.dtype), ptr)
+        elif isinstance(s, Allocate):
+            self._allocate(st, s)
+        elif isinstance(s, IfThenElse):
+            c = self._expr(st, s.cond)
+            if s.else_case is None:
+                with b.if_then(c):
+                    self._stmt(st, s.then_case)
+            else:
+                with b.if_else(c) as (then, other):
+                    with then:
+                        self._stmt(st, s.then_case)
+                    with other:
+                        self._stmt(st, s.else_case)
+        elif isinstance(s, LetStmt):
+            st.vars[s.var] = self._expr(st, s.value)
+            if is_integer(s.var.dtype) and self._nonneg(st, s.value):
+                st.nonneg.add(s.var)
+            self._stmt(st, s.body)
+        elif isinstance(s, Evaluate):
+            if not isinstance(s.value, (IntImm, FloatImm)):
+                self._expr(st, s.value)
+        else:
+            raise CompileError(f"LLVM codegen: unsupported statement {type(s).__name__}")
+
+    def _allocate(self, st: _Fn, s: Allocate) -> None:
+        b = st.b
+        buf = s.buffer
+        ety = storage_type(buf.dtype)
+        if buf.scope == "local" or buf.nbytes <= self.stack_limit:
+            with b.goto_entry_block():
+                p = _opaque(b.alloca(ir.ArrayType(ety, max(buf.size, 1))))
+                p.align = 64
+            st.bufs[id(buf.data)] = p
+            self._stmt(st, s.body)
+            return
+        alloc = _fnptr(b.load(self._extern_ptr("__KilnBackendAllocWorkspace"), typ=PTR),
+                       ir.FunctionType(PTR, [I32, I32, I64, I32, I32]))
+        p = b.call(alloc, [ir.Constant(I32, 1), ir.Constant(I32, 0), ir.Constant(I64, buf.nbytes),
+                           ir.Constant(I32, dl_code(buf.dtype)), ir.Constant(I32, bits_of(buf.dtype))])
+        with b.if_then(b.icmp_unsigned("==", p, ir.Constant(PTR, None)), likely=False):
+            b.ret(ir.Constant(I32, -1))
+        st.bufs[id(buf.data)] = p
+        self._stmt(st, s.body)
+        free = _fnptr(b.load(self._extern_ptr("__KilnBackendFreeWorkspace"), typ=PTR),
+                      ir.FunctionType(I32, [I32, I32, PTR]))
+        b.call(free, [ir.Constant(I32, 1), ir.Constant(I32, 0), p])
+
+    def _loop(self, st: _Fn, var: Var, start: ir.Value, end: ir.Value, body: Callable[[], None]) -> None:
+        b = st.b
+        pre = b.block
+        header = b.append_basic_block(f"for_{var.name}")
+        bodyb = b.append_basic_block(f"for_{var.name}_body")
+        exitb = b.append_basic_block(f"for_{var.name}_end")
+        b.branch(header)
+        b.position_at_end(header)
+        ity = value_type(var.dtype)
+        phi = b.phi(ity, name=var.name)
+        phi.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", phi, end), bodyb, exitb)
+        b.position_at_end(bodyb)
+        st.vars[var] = phi
+        body()
+        nxt = _nsw(b.add(phi, ir.Constant(ity, 1)))
+        phi.add_incoming(nxt, b.block)
+        b.branch(header)
+        b.position_at_end(exitb)
+
+    def _for(self, st: _Fn, s: For) -> None:
+        if self._nonneg(st, s.min):
+            st.nonneg.add(s.loop_var)
+        if s.kind == "parallel" and st.par_depth == 0:
+            self._parallel(st, s)
+            return
+        if (s.kind == "unrolled" and isinstance(s.extent, IntImm) and isinstance(s.min, IntImm)
+                and s.extent.value <= 64):
+            for k in range(s.extent.value):
+                st.vars[s.loop_var] = ir.Constant(value_type(s.loop_var.dtype), s.min.value + k)
+                self._stmt(st, s.body)
+            return
+        start = self._expr(st, s.min, index=True)
+        end = self._expr(st, simplify(s.min + s.extent), index=True)
+        self._loop(st, s.loop_var, start, end, lambda: self._stmt(st, s.body))
+
+    def _parallel(self, st: _Fn, s: For) -> None:
+        """Outline ``s`` into a lambda for ``__KilnBackendParallelLaunch`` (chunked range)."""
+        k = self._n_par
+        self._n_par += 1
+        base = f"{st.fname}_par{k}"
+        inner_defined: set[int] = set()
+        bufs_used: dict[int, Buffer] = {}
+
+        def visit(n: Any) -> None:
+            if isinstance(n, For):
+                inner_defined.add(id(n.loop_var))
+            elif isinstance(n, LetStmt):
+                inner_defined.add(id(n.var))
+            elif isinstance(n, Allocate):
+                inner_defined.add(id(n.buffer.data))
+            elif isinstance(n, (Load, BufferStore)):
+                bufs_used[id(n.buffer.data)] = n.buffer
+
+        post_order_visit(s.body, visit)
+        bufs = [bf for key, bf in bufs_used.items() if key not in inner_defined]
+        scalars = sorted((v for v in collect_vars(s.body) if v.dtype != "handle" and id(v) not in inner_defined
+                          and v is not s.loop_var), key=lambda v: v.name)
+        sty = [value_type(v.dtype) for v in scalars]
+        # body function: noalias buffers, scalars, [begin, end)
+        bfn = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(bufs) + sty + [I32, I32]), name=f"{base}_body")
+        bfn.linkage = "internal"
+        inner = _Fn(bfn, st.fname)
+        inner.par_depth = 1
+        for a, bf in zip(bfn.args, bufs):
+            a.add_attribute("noalias")
+            inner.bufs[id(bf.data)] = a
+        for a, v in zip(bfn.args[len(bufs):], scalars):
+            inner.vars[v] = a
+            if v in st.nonneg:
+                inner.nonneg.add(v)
+        inner.nonneg.add(s.loop_var)
+        begin, end = bfn.args[-2], bfn.args[-1]
+        self._loop(inner, s.loop_var, begin, end, lambda: self._stmt(inner, s.body))
+        inner.b.ret(ir.Constant(I32, 0))
+        # lambda: unpack the closure, compute this task's chunk, call the body
+        cty = ir.LiteralStructType([PTR] * len(bufs) + sty + [I32, I32])
+        lam = ir.Function(self.module, LAMBDA_FTY, name=base)
+        lam.linkage = "internal"
+        lb = ir.IRBuilder(lam.append_basic_block("entry"))
+        tid, ntask, cdata = lam.args
+        members = [lb.load(lb.gep(cdata, [ir.Constant(I32, 0), ir.Constant(I32, i)], inbounds=True, source_etype=cty),
+                           typ=t) for i, t in enumerate(cty.elements)]
+        mn, ext = members[-2], members[-1]
+        chunk = lb.sdiv(lb.sub(lb.add(ext, ntask), ir.Constant(I32, 1)), ntask)
+        lo = lb.mul(tid, chunk)
+        hi = lb.add(lo, chunk)
+        hi = lb.select(lb.icmp_signed("<", hi, ext), hi, ext)
+        lb.ret(lb.call(bfn, members[:-2] + [lb.add(mn, lo), lb.add(mn, hi)]))
+        # launch site
+        b = st.b
+        with b.goto_entry_block():
+            clo = _opaque(b.alloca(cty))
+        vals = [st.bufs[id(bf.data)] for bf in bufs] + [st.vars[v] for v in scalars]
+        vals += [self._expr(st, s.min, index=True), self._expr(st, s.extent, index=True)]
+        for i, v in enumerate(vals):
+            b.store(v, b.gep(clo, [ir.Constant(I32, 0), ir.Constant(I32, i)], inbounds=True, source_etype=cty))
+        nthreads = b.call(self._declare("KilnGetNumThreads", ir.FunctionType(I32, [])), [])
+        ext_v = vals[-1]
+        nt = b.select(b.icmp_signed(">", nthreads, ext_v), ext_v, nthreads)
+        launch = _fnptr(b.load(self._extern_ptr("__KilnBackendParallelLaunch"), typ=PTR),
+                        ir.FunctionType(I32, [PTR, PTR, I32]))
+        with b.if_then(b.icmp_signed(">", nt, ir.Constant(I32, 0))):
+            r = b.call(launch, [lam, clo, nt])
+            with b.if_then(b.icmp_signed("!=", r, ir.Constant(I32, 0)), likely=False):
+                b.ret(ir.Constant(I32, -1))
+
+    # ------------------------------------------------------------------ expressions
+    def _nonneg(self, st: _Fn, e: PrimExpr) -> bool:
+        if isinstance(e, IntImm):
+            return e.value >= 0
+        if isinstance(e, Var):
+            return e in st.nonneg
+        if is_uint(e.dtype):
+            return True
+        if isinstance(e, BinaryOp) and e.op in ("add", "mul", "floordiv", "floormod", "truncdiv", "truncmod",
+                                                 "min", "max"):
+            return self._nonneg(st, e.a) and self._nonneg(st, e.b)
+        if isinstance(e, Cast) and is_integer(e.value.dtype):
+            return self._nonneg(st, e.value)
+        return False
+
+    def _addr(self, st: _Fn, buf: Buffer, indices: Sequence[PrimExpr]) -> ir.Value:
+        base = st.bufs.get(id(buf.data))
+        if base is None:
+            raise CompileError(f"LLVM codegen: buffer {buf.name} used outside its allocation")
+        if len(indices) != buf.ndim:
+            raise CompileError(f"LLVM codegen: buffer {buf.name} indexed with {len(indices)} indices, has {buf.ndim}")
+        flat: PrimExpr | None = None
+        wide = buf.size >= 2**31
+        for idx, stride in zip(indices, buf.strides):
+            if wide and idx.dtype != "int64":
+                from ..tir.expr import cast
+
+                idx = cast(idx, "int64")
+            t = idx * stride
+            flat = t if flat is None else flat + t
+        if flat is None:
+            flat = IntImm(0)
+        flat = simplify(flat, {v: (0, 2**31 - 1) for v in st.nonneg})
+        iv = self._expr(st, flat, index=True)
+        if iv.type != I64:
+            iv = st.b.sext(iv, I64)
+        return st.b.gep(base, [iv], inbounds=True, source_etype=storage_type(buf.dtype))
+
+    def _to_storage(self, st: _Fn, v: ir.Value, dtype: str) -> ir.Value:
+        b = st.b
+        if dtype == "float16":
+            return b.bitcast(b.fptrunc(v, ir.HalfType()), I16)
+        if dtype == "bfloat16":
+            return self._f2bf(st, v)
+        if dtype == "bool":
+            return b.zext(v, I8)
+        return v
+
+    def _f2bf(self, st: _Fn, v: ir.Value) -> ir.Value:
+        b = st.b
+        u = b.bitcast(v, I32)
+        isnan = b.icmp_unsigned(">", b.and_(u, ir.Constant(I32, 0x7FFFFFFF)), ir.Constant(I32, 0x7F800000))
+        lsb = b.and_(b.lshr(u, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+        rounded = b.lshr(b.add(b.add(u, ir.Constant(I32, 0x7FFF)), lsb), ir.Constant(I32, 16))
+        quiet = b.or_(b.lshr(u, ir.Constant(I32, 16)), ir.Constant(I32, 0x40))
+        return b.trunc(b.select(isnan, quiet, rounded), I16)
+
+    def _bf2f(self, st: _Fn, h: ir.Value) -> ir.Value:
+        b = st.b
+        return b.bitcast(b.shl(b.zext(h, I32), ir.Constant(I32, 16)), F32)
+
+    def _expr(self, st: _Fn, e: PrimExpr, index: bool = False) -> ir.Value:
+        b = st.b
+        if isinstance(e, Var):
+            v = st.vars.get(e)
+            if v is None:
+                raise CompileError(f"LLVM codegen: variable {e.name} used outside its scope")
+            return v
+        if isinstance(e, IntImm):
+            return ir.Constant(value_type(e.dtype), e.value)
+        if isinstance(e, FloatImm):
+            return ir.Constant(value_type(e.dtype), e.value)
+        if isinstance(e, BinaryOp):
+            return self._binary(st, e, index)
+        if isinstance(e, Not):
+            return b.xor(self._expr(st, e.a), ir.Constant(I1, 1))
+        if isinstance(e, Cast):
+            return self._cast(st, self._expr(st, e.value, index), e.value.dtype, e.dtype)
+        if isinstance(e, Call):
+            return self._call(st, e)
+        if isinstance(e, Select):
+            c = self._expr(st, e.cond)
+            if _safe(e.true_value) and _safe(e.false_value):
+                return b.select(c, self._expr(st, e.true_value, index), self._expr(st, e.false_value, index))
+            ty = value_type(e.dtype)
+            with b.if_else(c) as (then, other):
+                with then:
+                    tv = self._expr(st, e.true_value, index)
+                    tb = b.block
+                with other:
+                    fv = self._expr(st, e.false_value, index)
+                    fb = b.block
+            phi = b.phi(ty)
+            phi.add_incoming(tv, tb)
+            phi.add_incoming(fv, fb)
+            return phi
+        if isinstance(e, Load):
+            v = b.load(self._addr(st, e.buffer, e.indices), typ=storage_type(e.dtype))
+            if e.dtype == "float16":
+                return b.fpext(b.bitcast(v, ir.HalfType()), F32)
+            if e.dtype == "bfloat16":
+                return self._bf2f(st, v)
+            if e.dtype == "bool":
+                return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+            return v
+        if isinstance(e, (ProducerLoad, Reduce)):
+            raise CompileError("LLVM codegen: tensor-expression node left in the loop IR; lower the schedule first")
+        raise CompileError(f"LLVM codegen: unsupported expression {type(e).__name__}")
+
+    def _binary(self, st: _Fn, e: BinaryOp, index: bool) -> ir.Value:
+        b = st.b
+        op, dt = e.op, e.a.dtype
+        x, y = self._expr(st, e.a, index), self._expr(st, e.b, index)
+        if op in _ICMP:
+            if is_float(dt):
+                return (b.fcmp_unordered("!=", x, y) if op == "ne" else b.fcmp_ordered(_ICMP[op], x, y))
+            if is_uint(dt) or is_bool(dt):
+                return b.icmp_unsigned(_ICMP[op], x, y)
+            return b.icmp_signed(_ICMP[op], x, y)
+        if op == "and":
+            return b.and_(x, y)
+        if op == "or":
+            return b.or_(x, y)
+        if is_float(dt):
+            if op == "add":
+                return b.fadd(x, y)
+            if op == "sub":
+                return b.fsub(x, y)
+            if op == "mul":
+                return b.fmul(x, y)
+            if op == "div":
+                return b.fdiv(x, y)
+            if op in ("min", "max"):
+                # NaN-propagating like numpy.maximum: pick x when it wins or is NaN
+                win = b.or_(b.fcmp_ordered(">" if op == "max" else "<", x, y), b.fcmp_unordered("uno", x, x))
+                return b.select(win, x, y)
+            raise CompileError(f"LLVM codegen: {op} on {dt}")
+        signed = not (is_uint(dt) or is_bool(dt))
+        if op in ("add", "sub", "mul"):
+            r = {"add": b.add, "sub": b.sub, "mul": b.mul}[op](x, y)
+            return _nsw(r) if index and signed else r
+        if op in ("min", "max"):
+            cmp = b.icmp_signed if signed else b.icmp_unsigned
+            return b.select(cmp("<" if op == "min" else ">", x, y), x, y)
+        if op in ("truncdiv", "truncmod"):
+            if not signed:
+                return b.udiv(x, y) if op == "truncdiv" else b.urem(x, y)
+            return b.sdiv(x, y) if op == "truncdiv" else b.srem(x, y)
+        if op in ("floordiv", "floormod"):
+            if not signed:
+                return b.udiv(x, y) if op == "floordiv" else b.urem(x, y)
+            if self._nonneg(st, e.a) and self._nonneg(st, e.b):
+                return b.sdiv(x, y) if op == "floordiv" else b.srem(x, y)
+            q, r = b.sdiv(x, y), b.srem(x, y)
+            zero = ir.Constant(x.type, 0)
+            fix = b.and_(b.icmp_signed("!=", r, zero),
+                         b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+            if op == "floordiv":
+                return b.sub(q, b.zext(fix, x.type))
+            return b.select(fix, b.add(r, y), r)
+        if op == "bitand":
+            return b.and_(x, y)
+        if op == "bitor":
+            return b.or_(x, y)
+        if op == "bitxor":
+            return b.xor(x, y)
+        if op == "shl":
+            return b.shl(x, y)
+        if op == "shr":
+            return b.ashr(x, y) if signed else b.lshr(x, y)
+        raise CompileError(f"LLVM codegen: unsupported operator {op} on {dt}")
+
+    def _cast(self, st: _Fn, v: ir.Value, src: str, dst: str) -> ir.Value:
+        b = st.b
+        if src == dst:
+            return v
+        if dst == "bool":
+            if is_float(src):
+                return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0))
+            return b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+        if dst in ("float16", "bfloat16"):
+            if src == "float64" and dst == "float16":
+                return b.fpext(b.fptrunc(v, ir.HalfType()), F32)  # one rounding, straight from double
+            f = self._cast(st, v, src, "float32") if src not in ("float16", "bfloat16") else v
+            if dst == "float16":
+                return b.fpext(b.fptrunc(f, ir.HalfType()), F32)
+            return self._bf2f(st, self._f2bf(st, f))
+        vt = value_type(dst)
+        if is_float(dst):
+            if is_float(src):
+                if vt == v.type:
+                    return v
+                return b.fpext(v, vt) if vt == F64 else b.fptrunc(v, vt)
+            return b.uitofp(v, vt) if (is_uint(src) or is_bool(src)) else b.sitofp(v, vt)
+        # integer destination
+        if is_float(src):
+            return b.fptoui(v, vt) if is_uint(dst) else b.fptosi(v, vt)
+        sw, dw = v.type.width, vt.width
+        if sw == dw:
+            return v
+        if sw > dw:
+            return b.trunc(v, vt)
+        return b.zext(v, vt) if (is_uint(src) or is_bool(src)) else b.sext(v, vt)
+
+    def _call(self, st: _Fn, e: Call) -> ir.Value:
+        b = st.b
+        args = [self._expr(st, a) for a in e.args]
+        ty = args[0].type
+        if e.op in ("isnan", "isinf", "isfinite"):
+            x = args[0]
+            if e.op == "isnan":
+                return b.fcmp_unordered("uno", x, x)
+            fabs = self._declare(f"llvm.fabs.{_sfx(ty)}", ir.FunctionType(ty, [ty]))
+            ax = b.call(fabs, [x])
+            inf = ir.Constant(ty, float("inf"))
+            return b.fcmp_ordered("==", ax, inf) if e.op == "isinf" else b.fcmp_ordered("<", ax, inf)
+        if e.op in _INTRINSIC:
+            fn = self._declare(f"{_INTRINSIC[e.op]}.{_sfx(ty)}", ir.FunctionType(ty, [ty] * len(args)))
+        elif e.op in _LIBM:
+            fn = self._declare(e.op + ("f" if ty == F32 else ""), ir.FunctionType(ty, [ty] * len(args)))
+        else:
+            raise CompileError(f"LLVM codegen: unknown intrinsic {e.op!r}")
+        return b.call(fn, args)
+
+    def finish(self) -> str:
+        """The module's LLVM IR text."""
+        return str(self.module)
+
+
+def _opaque(v: Any) -> Any:
+    # llvmlite gives allocas typed pointer types, which makes loads/stores of other types
+    # fail its checks; every pointer here is an opaque `ptr` (LLVM 17+ IR).
+    v.type = PTR
+    return v
+
+
+def _sfx(ty: ir.Type) -> str:
+    return "f32" if ty == F32 else "f64"
+
+
+def _fnptr(p: ir.Value, fty: ir.FunctionType) -> Any:
+    """Wrap a loaded function pointer so ``IRBuilder.call`` knows its signature."""
+    return _TypedPtr(p, fty)
+
+
+class _TypedPtr:
+    # llvmlite's call() reads fn.function_type (opaque pointers carry no signature)
+    def __init__(self, p: ir.Value, fty: ir.FunctionType) -> None:
+        self._p, self.function_type = p, fty
+        self.type = PTR
+
+    def get_reference(self) -> str:
+        return self._p.get_reference()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._p, name)
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"

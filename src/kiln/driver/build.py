@@ -1,0 +1,246 @@
+"""``kiln.build``: graph IR -> ExecutorFactoryModule.
+
+Pipeline::
+
+    BindParams -> InferType -> FoldConstant -> Simplify -> FoldConstant -> DCE   (kiln.transform)
+    -> FuseOps (opt_level >= 1; at 0 every op is its own group)              (transform.fuse)
+    -> lower every unique group to a PrimFunc                                (driver.lower_graph)
+    -> kiln.codegen.build_module(funcs, target)                              (kernel library)
+    -> graph JSON + params + memory plan                                     (driver.graph_codegen)
+    -> ExecutorFactoryModule(graph_json, lib, params, mod_name)
+
+``KILN_DEBUG=1`` in the environment prints the time of every stage to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from ..ir import Graph
+from ..runtime.errors import InputError
+from ..transform.fuse import FusedGraph, fuse_ops
+from ..transform.memory_plan import MemoryPlan
+from .graph_codegen import GraphCodegenResult, KernelCall, generate_graph_json, original_param_arrays
+from .lower_graph import LoweredModel, lower_fused_graph
+
+__all__ = ["build", "lower", "optimize", "BuildStats"]
+
+
+@dataclass
+class BuildStats:
+    """What a build did (``factory.get_stats()`` returns its :meth:`as_dict`).
+
+    Attributes
+    ----------
+    num_ops : int
+        Ops in the optimized graph (constants excluded).
+    num_groups : int
+        Fused groups (kernel calls plus ``__nop`` aliases).
+    num_kernel_calls : int
+    num_functions : int
+        Distinct kernels in the library (identical groups share one).
+    memory_plan : MemoryPlan
+    timings : dict of str to float
+        Seconds per stage.
+    """
+
+    num_ops: int
+    num_groups: int
+    num_kernel_calls: int
+    num_functions: int
+    memory_plan: MemoryPlan
+    timings: dict[str, float] = field(default_factory=dict)
+    linked_params: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON-serializable)."""
+        return {"num_ops": self.num_ops, "num_groups": self.num_groups,
+                "num_kernel_calls": self.num_kernel_calls, "num_functions": self.num_functions,
+                "memory": self.memory_plan.as_dict(), "timings": dict(self.timings),
+                "linked_params": self.linked_params}
+
+
+class _Timer:
+    """Collects stage timings; prints them when ``KILN_DEBUG`` is set."""
+
+    def __init__(self) -> None:
+        self.debug = os.environ.get("KILN_DEBUG", "") not in ("", "0")
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            self.times[name] = self.times.get(name, 0.0) + dt
+            if self.debug:
+                print(f"[kiln.build] {name}: {dt * 1e3:.1f} ms", file=sys.stderr)
+
+
+def _as_target(target: Any) -> Any:
+    from ..target import Target
+
+    if target is None:
+        target = "llvm"
+    return target if isinstance(target, Target) else Target(target)
+
+
+def _check_graph(mod: Any) -> Graph:
+    if not isinstance(mod, Graph):
+        raise InputError(f"kiln.build expects a kiln.ir.Graph (IRModule), got {type(mod).__name__}; "
+                         "use kiln.frontend.from_onnx(...) to import a model")
+    return mod
+
+
+def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int = 3,
+             timer: _Timer | None = None) -> Graph:
+    """Run the graph pass pipeline (bind params, infer types, fold, simplify).
+
+    Parameters
+    ----------
+    mod : Graph
+    params : dict of str to array, optional
+        Bound as constants (graph inputs of these names disappear).
+    opt_level : int
+        Pipeline level (TVM convention).
+
+    Returns
+    -------
+    Graph
+    """
+    from ..transform import default_pipeline
+
+    trace = None
+    if timer is not None and timer.debug:
+        def trace(name: str, g: Graph, dt: float) -> None:
+            print(f"[kiln.build]   pass {name}: {dt * 1e3:.1f} ms ({len(g.nodes)} nodes)",
+                  file=sys.stderr)
+    seq = default_pipeline(params, opt_level=opt_level)
+    if trace is not None:
+        seq.trace = trace
+    return seq(_check_graph(mod))
+
+
+def lower(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = None,
+          mod_name: str = "default", opt_level: int = 3) -> LoweredModel:
+    """Optimize, fuse and lower without generating code — for debugging.
+
+    ``print(kiln.driver.lower(mod, "llvm"))`` shows the fused groups, which kernel each
+    group calls, and every kernel's loop IR.
+
+    Returns
+    -------
+    LoweredModel
+        ``.fused`` (groups), ``.calls``, ``.funcs`` (PrimFuncs); ``.dump()`` is the listing.
+    """
+    tgt = _as_target(target)
+    graph = optimize(mod, params, opt_level)
+    fused = fuse_ops(graph, opt_level=opt_level)
+    return lower_fused_graph(fused, tgt, mod_name)
+
+
+def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = None,
+          mod_name: str = "default", link_params: bool = False, opt_level: int = 3) -> Any:
+    """Compile a graph into an :class:`~kiln.runtime.ExecutorFactoryModule`.
+
+    Parameters
+    ----------
+    mod : Graph
+        The model (e.g. from :func:`kiln.frontend.from_onnx`).
+    target : str, dict or Target
+        ``"llvm"``, ``"llvm -mcpu=native"``, ``"c"``, ``{"kind": "c"}``...
+    params : dict of str to array, optional
+        Weights, keyed by graph input name; bound as constants and optimized with the graph.
+    mod_name : str
+        Name of the executor creation function (``factory[mod_name](dev)``) and part of every
+        kernel name (``kilngen_<mod_name>_fused_...``).
+    link_params : bool
+        Put the weights into the kernel library (an extra C data module compiled into the same
+        shared library) instead of the factory's params blob. See :mod:`kiln.driver.linked_params`.
+    opt_level : int
+        0: no fusion, no folding; 1: fusion; 2+: folding, CSE and simplification too.
+
+    Returns
+    -------
+    ExecutorFactoryModule
+        ``graph_json, lib, params = kiln.build(...)`` unpacks; ``factory.memory_plan`` is the
+        :class:`~kiln.transform.memory_plan.MemoryPlan`, ``factory.get_stats()`` a summary.
+
+    Examples
+    --------
+    >>> factory = kiln.build(mod, target="llvm", params=params)
+    >>> m = kiln.GraphModule(factory["default"](kiln.cpu()))
+    >>> m.set_input("data", x); m.run(); y = m.get_output(0).numpy()
+    """
+    from .. import codegen
+    from ..runtime.executor_factory import ExecutorFactoryModule
+
+    timer = _Timer()
+    t_all = time.perf_counter()
+    tgt = _as_target(target)
+    _check_graph(mod)
+    originals = original_param_arrays(mod, params)
+    with timer.stage("passes"):
+        graph = optimize(mod, params, opt_level, timer)
+    with timer.stage("fuse"):
+        fused = fuse_ops(graph, opt_level=opt_level)
+    with timer.stage("lower"):
+        lowered = lower_fused_graph(fused, tgt, mod_name)
+    with timer.stage("codegen+compile"):
+        lib = codegen.build_module(lowered.funcs, tgt) if lowered.funcs else _empty_lib()
+    with timer.stage("graph_codegen"):
+        res = _graph_codegen(graph, lowered, originals)
+    params_out: dict[str, Any] = dict(res.params)
+    if link_params and params_out:
+        from .linked_params import linked_params_module
+
+        with timer.stage("link_params"):
+            lib.import_module(linked_params_module(params_out, mod_name))
+        params_out = {}
+    with timer.stage("factory"):
+        factory = ExecutorFactoryModule(json.dumps(res.graph), lib, params_out, mod_name)
+    timer.times["total"] = time.perf_counter() - t_all
+    if timer.debug:
+        print(f"[kiln.build] total: {timer.times['total'] * 1e3:.1f} ms; "
+              f"{res.memory_plan.summary()}", file=sys.stderr)
+    stats = BuildStats(
+        num_ops=sum(1 for n in graph.nodes if n.op != "constant"),
+        num_groups=len(fused.groups),
+        num_kernel_calls=sum(1 for c in lowered.calls if c.func_name != "__nop"),
+        num_functions=len(lowered.funcs),
+        memory_plan=res.memory_plan,
+        timings=dict(timer.times),
+        linked_params=bool(link_params and res.params),
+    )
+    # Build metadata rides on the factory instance (the runtime class stays compiler-free).
+    factory.memory_plan = res.memory_plan
+    factory.build_stats = stats
+    factory.lowered = lowered
+    factory.get_stats = stats.as_dict
+    return factory
+
+
+def _graph_codegen(graph: Graph, lowered: LoweredModel, originals: Mapping[str, Any]
+                   ) -> GraphCodegenResult:
+    calls = [KernelCall(c.func_name, c.args, c.outputs) for c in lowered.calls]
+    return generate_graph_json(graph, calls, originals)
+
+
+def _empty_lib() -> Any:
+    """A kernel library with no kernels (a graph of only aliases / pass-through outputs)."""
+    from ..runtime.csource import csource_module
+
+    return csource_module("#include <kiln/c_runtime_api.h>\n", [])
+
+
+def fuse(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int = 3) -> FusedGraph:
+    """Optimize and fuse only; ``print(kiln.driver.fuse(mod))`` lists the groups."""
+    return fuse_ops(optimize(mod, params, opt_level), opt_level=opt_level)

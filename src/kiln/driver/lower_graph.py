@@ -1,0 +1,260 @@
+"""Lowering of fused groups: FusedGroup -> TE computes -> schedule -> PrimFunc.
+
+For every kernel group:
+
+1. each external input becomes a ``te.placeholder`` — except *small constants*
+   (:data:`INLINE_MAX_ELEMENTS` elements or fewer), which are inlined into the kernel as a
+   ``te.compute`` of literals, so scalars such as the ``0.5`` of a GELU or an ``epsilon`` cost
+   no argument and no memory traffic;
+2. the ops' ``kiln.topi`` computes are chained in the group's order;
+3. ``kiln.topi.schedule_group(anchor_op, pattern, outs, target)`` schedules the group;
+4. ``kiln.tir.lower`` turns it into a :class:`~kiln.tir.PrimFunc` named
+   ``kilngen_<mod_name>_fused_<op1>_<op2>...``.
+
+Identical groups (same ops, attributes, wiring, argument / output types and inlined constant
+values) are lowered **once**; every graph node of that shape calls the same function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..ir import Value
+from ..runtime.errors import KilnError
+from ..transform.fuse import FusedGraph, FusedGroup
+
+__all__ = ["INLINE_MAX_ELEMENTS", "LoweredCall", "LoweredModel", "lower_fused_graph",
+           "is_inlinable_constant", "group_key"]
+
+#: Constants with at most this many elements are inlined into kernels instead of becoming params.
+INLINE_MAX_ELEMENTS = 4
+#: Longest ``<op1>_<op2>...`` part of a function name before it is cut and hashed.
+_MAX_OPS_NAME = 64
+
+
+@dataclass
+class LoweredCall:
+    """One fused group, lowered.
+
+    Attributes
+    ----------
+    group : FusedGroup
+    func_name : str
+        Kernel symbol (shared by identical groups) or ``"__nop"``.
+    args : list of Value
+        The values passed as kernel inputs, in placeholder order (inlined constants excluded).
+    outputs : list of Value
+    key : tuple
+        The dedup key (``()`` for ``__nop``).
+    """
+
+    group: FusedGroup
+    func_name: str
+    args: list[Value]
+    outputs: list[Value]
+    key: tuple = ()
+
+
+@dataclass
+class LoweredModel:
+    """All kernels of a model.
+
+    Attributes
+    ----------
+    fused : FusedGraph
+    calls : list of LoweredCall
+        One per group, in execution order.
+    funcs : list of PrimFunc
+        Unique kernels (``len(funcs) <= number of kernel calls``).
+    """
+
+    fused: FusedGraph
+    calls: list[LoweredCall]
+    funcs: list[Any] = field(default_factory=list)
+
+    def dump(self, ir: bool = True) -> str:
+        """Fused groups, which function each calls, and (``ir=True``) every kernel's loop IR."""
+        lines = [self.fused.dump(), "", "calls:"]
+        for i, c in enumerate(self.calls):
+            lines.append(f"  {i}: {c.func_name}  [{' -> '.join(c.group.ops)}]")
+        if ir:
+            for f in self.funcs:
+                lines += ["", str(f)]
+        return "\n".join(lines)
+
+    __str__ = dump
+
+
+def is_inlinable_constant(v: Value, limit: int = INLINE_MAX_ELEMENTS) -> bool:
+    """Whether a value is a constant small enough to inline into a kernel."""
+    return v.is_constant and v.type.size <= limit
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return ("nd", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, float):
+        return ("f", repr(x))  # repr: NaN compares equal to itself as a string
+    if isinstance(x, (tuple, list)):
+        return tuple(_freeze(y) for y in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+    return x
+
+
+def group_key(group: FusedGroup, args: Sequence[Value], inlined: Sequence[Value]) -> tuple:
+    """Structural key of a group: equal keys lower to the same kernel."""
+    tok: dict[Value, Any] = {}
+    for k, v in enumerate(args):
+        tok[v] = ("arg", k, v.dtype, v.shape)
+    for v in inlined:
+        tok[v] = ("const", v.dtype, v.shape, np.ascontiguousarray(v.const_value).tobytes())
+    parts: list[Any] = []
+    for j, n in enumerate(group.nodes):
+        parts.append((n.op, _freeze(n.attrs), tuple(tok[v] for v in n.inputs),
+                      tuple((o.dtype, o.shape) for o in n.outputs)))
+        for i, o in enumerate(n.outputs):
+            tok[o] = ("node", j, i)
+    anchor = group.nodes.index(group.anchor) if group.anchor in group.nodes else -1
+    return (tuple(parts), tuple(tok[o] for o in group.outputs), anchor, int(group.pattern))
+
+
+def _sanitize(s: str) -> str:
+    return re.sub(r"[^0-9A-Za-z_]", "_", s)
+
+
+def _func_name(mod_name: str, group: FusedGroup) -> str:
+    ops = "_".join(_sanitize(o) for o in group.ops)
+    if len(ops) > _MAX_OPS_NAME:
+        # Keep the head (it names the anchor's neighbourhood) and make the rest a short hash.
+        digest = hashlib.sha1(ops.encode()).hexdigest()[:8]
+        ops = ops[:_MAX_OPS_NAME].rstrip("_") + "_" + digest
+    return f"kilngen_{_sanitize(mod_name)}_fused_{ops}"
+
+
+def _const_tensor(v: Value, name: str) -> Any:
+    """A ``te.compute`` producing the literal values of a small constant."""
+    from .. import te
+
+    arr = np.ascontiguousarray(v.const_value)
+    dt = v.dtype
+    flat = arr.reshape(-1)
+
+    def lit(x: Any) -> Any:
+        if dt == "bool":
+            return te.const(bool(x), dt)
+        if np.issubdtype(np.asarray(x).dtype, np.integer):
+            return te.const(int(x), dt)
+        return te.const(float(x), dt)
+
+    shape = tuple(v.shape)
+    if flat.size == 0:
+        raise KilnError("cannot inline an empty constant")
+    if bool(np.all(flat == flat[0])) or flat.size == 1:
+        value = lit(flat[0])
+        return te.compute(shape, lambda *idx: value, name=name, tag="elemwise")
+
+    strides = [int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape))]
+
+    def body(*idx: Any) -> Any:
+        lin = None
+        for i, s in zip(idx, strides):
+            term = i * s if s != 1 else i
+            lin = term if lin is None else lin + term
+        expr = lit(flat[-1])
+        for k in range(flat.size - 2, -1, -1):
+            expr = te.if_then_else(te.equal(lin, k), lit(flat[k]), expr)
+        return expr
+
+    return te.compute(shape, body, name=name, tag="injective")
+
+
+def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: Sequence[Value],
+                 target: Any) -> Any:
+    from .. import te, tir, topi
+
+    env: dict[Value, Any] = {}
+    placeholders = []
+    for k, v in enumerate(args):
+        t = te.placeholder(v.shape, v.dtype, name=f"p{k}")
+        env[v] = t
+        placeholders.append(t)
+    for k, v in enumerate(inlined):
+        env[v] = _const_tensor(v, f"c{k}")
+    for n in group.nodes:
+        fcompute = topi.get_compute(n.op)
+        try:
+            outs = fcompute(n.attrs, [env[v] for v in n.inputs], [o.type for o in n.outputs])
+        except Exception as exc:
+            raise KilnError(f"{name}: compute of {n.op} node {n.name!r} failed: {exc}") from exc
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        if len(outs) != len(n.outputs):
+            raise KilnError(f"{name}: compute of {n.op} returned {len(outs)} tensors for "
+                            f"{len(n.outputs)} outputs")
+        for o, t in zip(n.outputs, outs):
+            if tuple(t.shape) != tuple(o.shape) or t.dtype != o.dtype:
+                raise KilnError(f"{name}: compute of {n.op} gave {tuple(t.shape)} {t.dtype}, "
+                                f"IR says {o.type}")
+            env[o] = t
+    outs = []
+    for o in group.outputs:
+        t = env[o]
+        # A kernel must write its outputs: an output that is just an input (e.g. a cast to
+        # the same dtype) gets a copy stage.
+        if not isinstance(t.op, te.ComputeOp):
+            src = t
+            t = te.compute(tuple(src.shape), lambda *i, src=src: src(*i), name="copy",
+                           tag="elemwise")
+        outs.append(t)
+    sched = topi.schedule_group(group.anchor.op if group.anchor else None, group.pattern, outs,
+                                target)
+    return tir.lower(sched, placeholders + outs, name=name)
+
+
+def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
+                      inline_limit: int = INLINE_MAX_ELEMENTS) -> LoweredModel:
+    """Lower every group of ``fused`` for ``target``.
+
+    Parameters
+    ----------
+    fused : FusedGraph
+        From :func:`kiln.transform.fuse.fuse_ops`.
+    target : Target
+    mod_name : str
+        Goes into the function names (``kilngen_<mod_name>_fused_...``).
+    inline_limit : int
+        Constants with at most this many elements are inlined.
+
+    Returns
+    -------
+    LoweredModel
+    """
+    calls: list[LoweredCall] = []
+    funcs: list[Any] = []
+    by_key: dict[tuple, str] = {}
+    used: set[str] = set()
+    for g in fused.groups:
+        if g.is_nop:
+            calls.append(LoweredCall(g, "__nop", list(g.inputs), list(g.outputs)))
+            continue
+        inlined = [v for v in g.inputs if is_inlinable_constant(v, inline_limit)]
+        args = [v for v in g.inputs if v not in inlined]
+        key = group_key(g, args, inlined)
+        name = by_key.get(key)
+        if name is None:
+            base = _func_name(mod_name, g)
+            name, k = base, 0
+            while name in used:
+                k += 1
+                name = f"{base}_{k}"
+            used.add(name)
+            by_key[key] = name
+            funcs.append(_lower_group(g, name, args, inlined, target))
+        calls.append(LoweredCall(g, name, args, list(g.outputs), key))
+    return LoweredModel(fused, calls, funcs)

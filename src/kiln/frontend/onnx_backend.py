@@ -1,0 +1,343 @@
+"""Kiln as an ONNX backend (``onnx.backend.base.Backend``).
+
+    from kiln.frontend.onnx_backend import KilnBackend      # or: prepare, run_model, run_node
+    rep = KilnBackend.prepare(model, "CPU")
+    outputs = rep.run([x, y])                               # list / dict / single array
+
+``prepare`` only checks and analyses the model. Compilation happens lazily in ``rep.run``: the
+values of some inputs decide shapes (``Reshape`` shape, ``Slice`` starts/ends, ``TopK`` k,
+``Resize`` scales/sizes, reduction axes, ``Pad`` pads, ...), and they are only known then.
+Such inputs are found by a backward walk from the shape-determining operands of every node
+(stopping at ``Shape``/``Size``, whose outputs depend on shapes only) and passed to
+``kiln.frontend.from_onnx(..., freeze={name: value})`` as compile-time constants; all other inputs
+stay runtime inputs of the compiled module. If the frontend still asks for a constant, the
+compile is retried once with every non-floating-point input frozen. Compiled modules are cached
+per (input signature, frozen values).
+
+Target: ``llvm`` unless ``$KILN_ONNX_BACKEND_TARGET`` (or ``prepare(..., target=...)``) says
+otherwise. Only CPU devices are supported. Generated kernels are cached by the code generator
+(``$KILN_CACHE_DIR``), so recompiling the same kernels is cheap.
+
+Exceptions raised while compiling/running carry a note (``e.__notes__``) naming the stage that
+failed: ``import`` (frontend), ``build``, ``load`` or ``run``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+
+__all__ = ["KilnBackend", "KilnBackendRep", "prepare", "run_model", "run_node",
+           "supports_device", "shape_inputs", "STAGE_NOTE"]
+
+STAGE_NOTE = "[kiln onnx backend] failed stage: "
+
+# Operands (input indices) whose *values* decide output shapes or attributes, per op type.
+# Values that reach one of them must be compile-time constants for a static-shape compiler.
+_SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,),
+    "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Range": (0, 1, 2), "Split": (1,),
+    "Squeeze": (1,), "Unsqueeze": (1,), "TopK": (1,), "Resize": (1, 2, 3), "Upsample": (1,),
+    "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,),
+    "ReduceProd": (1,), "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
+    "Clip": (1, 2), "Dropout": (1, 2), "OneHot": (1,), "CumSum": (1,), "Trilu": (1,),
+    "CenterCropPad": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2), "STFT": (1, 3),
+    "NonMaxSuppression": (2, 3, 4), "RandomNormalLike": (), "Bernoulli": (),
+}
+# Ops whose outputs depend on the operands' shapes only, never on their values.
+_SHAPE_ONLY = {"Shape", "Size"}
+
+
+def shape_inputs(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs whose values decide shapes (directly or through other nodes), in input order."""
+    graph = model.graph
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for out in node.output:
+            if out:
+                producer[out] = node
+    need: set[str] = set()
+    stack: list[str] = []
+    for node in graph.node:
+        for i in _SHAPE_OPERANDS.get(node.op_type, ()):
+            if i < len(node.input) and node.input[i]:
+                stack.append(node.input[i])
+    while stack:
+        name = stack.pop()
+        if name in need:
+            continue
+        need.add(name)
+        node = producer.get(name)
+        if node is not None and node.op_type not in _SHAPE_ONLY:
+            stack.extend(x for x in node.input if x)
+    return [i.name for i in graph.input if i.name in need]
+
+
+def _is_float(arr: np.ndarray) -> bool:
+    return arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16", "float16") or \
+        "float8" in arr.dtype.name
+
+
+def _annotate(exc: BaseException, stage: str) -> None:
+    notes = getattr(exc, "__notes__", None) or []
+    if not any(n.startswith(STAGE_NOTE) for n in notes):
+        exc.add_note(STAGE_NOTE + stage)
+
+
+def _default_target() -> str:
+    return os.environ.get("KILN_ONNX_BACKEND_TARGET") or "llvm"
+
+
+class _Compiled:
+    __slots__ = ("module", "runtime_inputs", "frozen", "num_outputs")
+
+    def __init__(self, module, runtime_inputs, frozen, num_outputs):
+        self.module = module
+        self.runtime_inputs = runtime_inputs
+        self.frozen = frozen
+        self.num_outputs = num_outputs
+
+
+class KilnBackendRep(BackendRep):
+    """A prepared model; compiles on the first ``run`` for each input signature."""
+
+    def __init__(self, model: onnx.ModelProto, device: str = "CPU", *, target: str | None = None,
+                 opt_level: int = 3, freeze: Sequence[str] = (), **kwargs: Any) -> None:
+        self.model = model
+        self.device = Device(device)
+        self.target = target or _default_target()
+        self.opt_level = opt_level
+        self.build_kwargs = kwargs
+        inits = {t.name for t in model.graph.initializer}
+        self.input_names = [i.name for i in model.graph.input if i.name not in inits]
+        self.all_input_names = [i.name for i in model.graph.input]
+        self.output_names = [o.name for o in model.graph.output]
+        # inputs frozen into the compiled module (values decide shapes), plus any asked for
+        self.freeze_names = list(dict.fromkeys(
+            [n for n in shape_inputs(model) if n in self.input_names] + list(freeze)))
+        self._cache: dict[tuple, _Compiled] = {}
+        self.compile_count = 0  # how many times the model was compiled (tests/introspection)
+        self.last_frozen: list[str] = []  # inputs frozen in the module the last run used
+
+    # -- inputs --------------------------------------------------------------------------
+    def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
+        if isinstance(inputs, Mapping):
+            items = dict(inputs)
+            unknown = set(items) - set(self.all_input_names)
+            if unknown:
+                raise ValueError(f"unknown input(s) {sorted(unknown)}; the model's inputs are "
+                                 f"{self.input_names}")
+        else:
+            if isinstance(inputs, np.ndarray) or not isinstance(inputs, Sequence):
+                inputs = [inputs]
+            inputs = list(inputs)
+            if len(inputs) == len(self.input_names):
+                names = self.input_names
+            elif len(inputs) == len(self.all_input_names):
+                names = self.all_input_names
+            else:
+                raise ValueError(f"the model takes {len(self.input_names)} input(s) "
+                                 f"{self.input_names}, got {len(inputs)}")
+            items = dict(zip(names, inputs))
+        feeds: dict[str, np.ndarray] = {}
+        for name, value in items.items():
+            if isinstance(value, onnx.TensorProto):
+                value = numpy_helper.to_array(value)
+            if value is None or isinstance(value, (list, tuple, dict)):
+                raise NotImplementedError(
+                    f"input {name!r}: Kiln's ONNX backend takes tensors only, got "
+                    f"{type(value).__name__} (sequence/map/optional types are not supported)")
+            feeds[name] = np.asarray(value)
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise ValueError(f"missing input(s) {missing}")
+        return feeds
+
+    # -- compile -------------------------------------------------------------------------
+    def _key(self, feeds: dict[str, np.ndarray], freeze: Sequence[str]) -> tuple:
+        parts = []
+        for name in sorted(feeds):
+            a = feeds[name]
+            if name in freeze:
+                digest = hashlib.sha1(_c_contiguous(a).tobytes()).hexdigest()
+                parts.append((name, a.shape, str(a.dtype), digest))
+            else:
+                parts.append((name, a.shape, str(a.dtype)))
+        return tuple(parts)
+
+    def _build(self, feeds: dict[str, np.ndarray], freeze: Sequence[str]) -> _Compiled:
+        import kiln
+        from kiln.frontend import from_onnx
+
+        frozen = {n: feeds[n] for n in freeze}
+        runtime = [n for n in feeds if n not in frozen]
+        shape = {n: tuple(feeds[n].shape) for n in runtime}
+        dtype = {n: str(feeds[n].dtype) for n in runtime}
+        try:
+            graph, params = from_onnx(self.model, shape=shape or None, dtype=dtype or None,
+                                      freeze=frozen or None)
+        except Exception as e:
+            _annotate(e, "import")
+            raise
+        try:
+            factory = kiln.build(graph, target=self.target, params=params,
+                                 opt_level=self.opt_level, **self.build_kwargs)
+        except Exception as e:
+            _annotate(e, "build")
+            raise
+        try:
+            module = kiln.GraphModule(factory["default"](kiln.cpu(self.device.device_id)))
+            num_outputs = module.get_num_outputs()
+        except Exception as e:
+            _annotate(e, "load")
+            raise
+        if num_outputs != len(self.output_names):
+            err = RuntimeError(f"the compiled module has {num_outputs} output(s), the model "
+                               f"{len(self.output_names)} {self.output_names}")
+            _annotate(err, "build")
+            raise err
+        self.compile_count += 1
+        return _Compiled(module, runtime, frozen, num_outputs)
+
+    def _compiled(self, feeds: dict[str, np.ndarray]) -> _Compiled:
+        freeze = [n for n in self.freeze_names if n in feeds]
+        key = self._key(feeds, freeze)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        try:
+            compiled = self._build(feeds, freeze)
+        except Exception as first:
+            # The frontend wants more constants than the static analysis found: retry once with
+            # every non-floating-point input frozen (never float data: that would compile the
+            # whole model away into constants).
+            more = [n for n in self.input_names
+                    if n in feeds and n not in freeze and not _is_float(feeds[n])]
+            if not more or not _wants_constant(first):
+                raise
+            freeze = freeze + more
+            key = self._key(feeds, freeze)
+            try:
+                compiled = self._build(feeds, freeze)
+            except Exception:
+                raise first from None
+        self._cache[key] = compiled
+        self._cache[self._key(feeds, [n for n in self.freeze_names if n in feeds])] = compiled
+        return compiled
+
+    # -- run -----------------------------------------------------------------------------
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        feeds = self._feeds(inputs)
+        compiled = self._compiled(feeds)
+        self.last_frozen = list(compiled.frozen)
+        try:
+            m = compiled.module
+            for name in compiled.runtime_inputs:
+                m.set_input(name, _c_contiguous(feeds[name]))
+            m.run()
+            outputs = [m.get_output(i).numpy() for i in range(compiled.num_outputs)]
+        except Exception as e:
+            _annotate(e, "run")
+            raise
+        return namedtupledict("Outputs", self.output_names)(*outputs)
+
+
+def _c_contiguous(a: np.ndarray) -> np.ndarray:
+    # (np.ascontiguousarray would turn a 0-d array into shape (1,))
+    return a if a.flags.c_contiguous else np.array(a, order="C")
+
+
+def _wants_constant(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return any(w in msg for w in ("constant", "freeze", "frozen", "static", "known at compile"))
+
+
+class KilnBackend(Backend):
+    """ONNX backend that compiles models with Kiln (CPU; target ``llvm`` by default)."""
+
+    @classmethod
+    def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
+        return cls.supports_device(device)
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto | str | bytes, device: str = "CPU",
+                **kwargs: Any) -> KilnBackendRep:
+        """Check ``model`` and return a rep that compiles lazily on its first ``run``.
+
+        Keyword arguments: ``target`` (default ``llvm`` / ``$KILN_ONNX_BACKEND_TARGET``),
+        ``opt_level`` (3), ``freeze`` (names of extra inputs to make compile-time constants);
+        others go to ``kiln.build``.
+        """
+        if isinstance(model, (bytes, bytearray)):
+            model = onnx.load_from_string(bytes(model))
+        elif isinstance(model, (str, os.PathLike)):
+            model = onnx.load(os.fspath(model))
+        if not cls.supports_device(device):
+            raise RuntimeError(f"Kiln's ONNX backend does not support device {device!r} "
+                               "(CPU only)")
+        super().prepare(model, device, **kwargs)  # onnx.checker.check_model
+        return KilnBackendRep(model, device, **kwargs)
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",
+                  **kwargs: Any) -> tuple[Any, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
+                 **kwargs: Any) -> tuple[Any, ...]:
+        """Run one node: wraps it in a model (``opset_version=`` picks the opset)."""
+        super().run_node(node, inputs, device=device, outputs_info=outputs_info, **kwargs)
+        opset = kwargs.pop("opset_version", None)
+        names = [n for n in node.input if n]
+        if isinstance(inputs, Mapping):
+            feeds = {n: np.asarray(inputs[n]) for n in names}
+        else:
+            if isinstance(inputs, np.ndarray):
+                inputs = [inputs]
+            if len(inputs) != len(names):
+                raise ValueError(f"node {node.op_type} has {len(names)} input(s), got "
+                                 f"{len(inputs)}")
+            feeds = {n: np.asarray(v) for n, v in zip(names, inputs)}
+        graph_inputs = [helper.make_tensor_value_info(
+            n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()]
+        if outputs_info is not None:
+            graph_outputs = [helper.make_tensor_value_info(
+                n, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), shape)
+                for n, (dt, shape) in zip(node.output, outputs_info)]
+        else:
+            graph_outputs = [helper.make_empty_tensor_value_info(n) for n in node.output if n]
+        graph = helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs,
+                                  graph_outputs)
+        opsets = [helper.make_opsetid(node.domain or "", opset)] if opset else None
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="kiln.run_node")
+        if outputs_info is None:  # give the outputs their types, as a model needs them
+            inferred = onnx.shape_inference.infer_shapes(model)
+            vi = {v.name: v for v in list(inferred.graph.value_info) +
+                  list(inferred.graph.output)}
+            for out in model.graph.output:
+                if out.name in vi and vi[out.name].type.HasField("tensor_type"):
+                    out.type.CopyFrom(vi[out.name].type)
+        return cls.prepare(model, device, **kwargs).run(feeds)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        try:
+            return Device(device).type == DeviceType.CPU
+        except Exception:
+            return False
+
+
+prepare = KilnBackend.prepare
+run_model = KilnBackend.run_model
+run_node = KilnBackend.run_node
+supports_device = KilnBackend.supports_device

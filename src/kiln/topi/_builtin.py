@@ -1,0 +1,7 @@
+"""Importing this module registers every built-in compute and schedule."""
+
+from __future__ import annotations
+
+from . import broadcast, elemwise, reduce, resize, transform  # noqa: F401
+from .nn import conv2d, dense, norm, pool  # noqa: F401
+from .schedule import generic, x86  # noqa: F401

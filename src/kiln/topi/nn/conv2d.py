@@ -1,0 +1,146 @@
+"""2-D convolution (NCHW / OIHW), depthwise convolution and transposed convolution.
+
+The compute is the textbook one: a (lazily bounds-checked) padded input stage, which
+schedules inline, and one reduction stage over ``(rc, ry, rx)``.  Half-precision inputs
+accumulate in float32 and are rounded back by a trailing elementwise stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ... import te
+from ..registry import register_compute
+from ..transform import pad_compute
+from ..util import TAG_ELEMWISE, acc_dtype
+
+__all__ = ["conv2d_nchw", "conv2d_transpose_nchw", "TAG_CONV2D", "TAG_DEPTHWISE", "TAG_CONV2D_T", "TAG_CONV_PAD"]
+
+TAG_CONV2D = "conv2d_nchw"
+TAG_DEPTHWISE = "depthwise_conv2d_nchw"
+TAG_CONV2D_T = "conv2d_transpose_nchw"
+#: The zero-padded input copy: kept materialised (not inlined) so the inner loops need no bounds checks.
+TAG_CONV_PAD = "conv_pad"
+
+
+def _finish(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
+    # Always a separate (elementwise) output stage, even without a dtype change: the
+    # reduction then accumulates into a small local tile attached to this stage's loops
+    # (what TVM's cache_write gives), and a fused epilogue simply replaces it.
+    return te.compute(out.shape, lambda *i: te.cast(out[i], dtype), name=name, tag=TAG_ELEMWISE)
+
+
+def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (1, 1),
+                padding: tuple[int, int, int, int] = (0, 0, 0, 0), dilation: tuple[int, int] = (1, 1),
+                groups: int = 1) -> te.Tensor:
+    """Grouped 2-D convolution.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        ``(N, C, H, W)``.
+    weight : te.Tensor
+        ``(O, C // groups, KH, KW)``.
+    strides, dilation : (int, int)
+    padding : (top, left, bottom, right)
+    groups : int
+        ``groups == C`` with ``C // groups == 1`` is a depthwise convolution (own tag).
+
+    Returns
+    -------
+    te.Tensor
+        ``(N, O, OH, OW)`` in ``data.dtype``.
+    """
+    n, c, h, w = data.shape
+    o, cg, kh, kw = weight.shape
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl, pb, pr = padding
+    oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
+    ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
+    acc = acc_dtype(data.dtype)
+    if any(padding):
+        dp = pad_compute(data, [(0, 0), (0, 0), (pt, pb), (pl, pr)], "constant", 0.0, name="conv_pad",
+                         tag=TAG_CONV_PAD)
+    else:
+        dp = data
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    og = o // groups
+    if cg == 1 and groups > 1:
+        # depthwise (channel multiplier og): no channel reduction
+        def dw_body(b: Any, k: Any, y: Any, x: Any) -> Any:
+            ch = te.floordiv(k, og) if og > 1 else k
+            return te.sum(te.cast(dp[b, ch, y * sh + ry * dh, x * sw + rx * dw], acc)
+                          * te.cast(weight[k, 0, ry, rx], acc), axis=[ry, rx])
+
+        out = te.compute((n, o, oh, ow), dw_body, name="depthwise_conv2d", tag=TAG_DEPTHWISE,
+                         attrs={"strides": strides, "dilation": dilation})
+        return _finish(out, data.dtype, "conv2d_out")
+    rc = te.reduce_axis((0, cg), name="rc")
+
+    def body(b: Any, k: Any, y: Any, x: Any) -> Any:
+        ch = rc if groups == 1 else te.floordiv(k, og) * cg + rc
+        return te.sum(te.cast(dp[b, ch, y * sh + ry * dh, x * sw + rx * dw], acc)
+                      * te.cast(weight[k, rc, ry, rx], acc), axis=[rc, ry, rx])
+
+    out = te.compute((n, o, oh, ow), body, name="conv2d", tag=TAG_CONV2D,
+                     attrs={"strides": strides, "dilation": dilation, "groups": groups})
+    return _finish(out, data.dtype, "conv2d_out")
+
+
+@register_compute("conv2d")
+def _conv2d(attrs: dict, inputs: list, out_types: list) -> list:
+    d, w = inputs
+    return [conv2d_nchw(d, w, tuple(attrs["strides"]), tuple(attrs["padding"]), tuple(attrs["dilation"]),
+                        int(attrs["groups"]))]
+
+
+def conv2d_transpose_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (1, 1),
+                          padding: tuple[int, int, int, int] = (0, 0, 0, 0), dilation: tuple[int, int] = (1, 1),
+                          output_padding: tuple[int, int] = (0, 0), groups: int = 1) -> te.Tensor:
+    """Transposed convolution (gradient of conv2d), IOHW weight ``(C, O // groups, KH, KW)``.
+
+    Written as a gather: output pixel ``y`` receives input row ``iy`` through tap ``ky`` when
+    ``y + pad_top = iy * stride + ky * dilation``; the reduction's ``where`` condition skips the
+    other taps (and keeps the loads in bounds).
+    """
+    n, c, h, w = data.shape
+    _, og, kh, kw = weight.shape
+    sh, sw = strides
+    dh, dw = dilation
+    pt, pl, pb, pr = padding
+    oph, opw = output_padding
+    oh = sh * (h - 1) + oph + (kh - 1) * dh + 1 - pt - pb
+    ow = sw * (w - 1) + opw + (kw - 1) * dw + 1 - pl - pr
+    cg = c // groups
+    acc = acc_dtype(data.dtype)
+    rc = te.reduce_axis((0, cg), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def body(b: Any, k: Any, y: Any, x: Any) -> Any:
+        ty = y + pt - ry * dh
+        tx = x + pl - rx * dw
+        iy = te.floordiv(ty, sh) if sh > 1 else ty
+        ix = te.floordiv(tx, sw) if sw > 1 else tx
+        conds = [ty >= 0, tx >= 0, iy < h, ix < w]
+        if sh > 1:
+            conds.append(te.equal(te.floormod(ty, sh), 0))
+        if sw > 1:
+            conds.append(te.equal(te.floormod(tx, sw), 0))
+        g = te.floordiv(k, og) if groups > 1 else 0
+        ch = g * cg + rc if groups > 1 else rc
+        ko = te.floormod(k, og) if groups > 1 else k
+        return te.sum(te.cast(data[b, ch, iy, ix], acc) * te.cast(weight[ch, ko, ry, rx], acc),
+                      axis=[rc, ry, rx], where=te.all(*conds))
+
+    out = te.compute((n, og * groups, oh, ow), body, name="conv2d_transpose", tag=TAG_CONV2D_T)
+    return _finish(out, data.dtype, "conv2d_transpose_out")
+
+
+@register_compute("conv2d_transpose")
+def _conv2d_transpose(attrs: dict, inputs: list, out_types: list) -> list:
+    d, w = inputs
+    return [conv2d_transpose_nchw(d, w, tuple(attrs["strides"]), tuple(attrs["padding"]),
+                                  tuple(attrs["dilation"]), tuple(attrs["output_padding"]), int(attrs["groups"]))]

@@ -1,0 +1,8 @@
+"""Schedules: target-independent defaults (:mod:`.generic`) and CPU anchor schedules (:mod:`.x86`)."""
+
+from __future__ import annotations
+
+from .generic import schedule_injective, schedule_reduce
+from .x86 import schedule_conv2d, schedule_dense, schedule_matmul
+
+__all__ = ["schedule_injective", "schedule_reduce", "schedule_conv2d", "schedule_dense", "schedule_matmul"]

@@ -1,0 +1,40 @@
+"""onnx's backend node test suite, run through Kiln's ONNX backend (``KilnBackend``).
+
+One test per case in ``included_cases.INCLUDED`` (every case Kiln passed in the last
+``tools/op_coverage.py`` run, so a failure here is a regression). Each case prepares the model
+with ``KilnBackend.prepare``, runs every data set and compares with the suite's expected outputs
+and tolerances (``Runner.assert_similar_outputs``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import node_cases
+from included_cases import INCLUDED, SLOW
+
+
+def _params():
+    for name in INCLUDED:
+        marks = [pytest.mark.slow] if name in SLOW else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("name", list(_params()))
+def test_node(name, node_suite_cases, request):
+    from kiln.frontend.onnx_backend import KilnBackend
+
+    if name in SLOW and not node_cases.run_slow(request.config):
+        pytest.skip("slow case: set KILN_NODE_SUITE_ALL=1 or run with -m slow")
+    case = node_suite_cases.get(name)
+    if case is None:
+        pytest.skip(f"{name} is not in this onnx version's node suite")
+    node_cases.run_case(case, KilnBackend)
+
+
+def test_every_op_has_a_default_case():
+    """At least one case per measured op runs in the default (non-slow) run."""
+    cases = node_cases.load_cases()
+    ops = {cases[n].op for n in INCLUDED if n in cases and n not in SLOW}
+    passing_ops = {cases[n].op for n in INCLUDED if n in cases}
+    assert passing_ops <= ops, sorted(passing_ops - ops)
