@@ -142,12 +142,37 @@ def test_link_params_round_trip(target: str, tmp_path) -> None:
     np.testing.assert_allclose(out[0], ref[0], rtol=RTOL, atol=ATOL)
 
 
-def test_link_params_picked_up_by_executor() -> None:
-    """With the executor hook (docs/compiler.md), no explicit load is needed."""
+def test_link_params_picked_up_by_executor(tmp_path) -> None:
+    """The executor binds linked params itself: zero copy, read-only, also after export."""
+    from kiln.driver import load_linked_params
+
     factory, feeds, ref = _built("mlp", "c", link_params=True)
     m = kiln.GraphModule(factory["default"](kiln.cpu()))
-    if m.get_num_inputs() != 1:
-        pytest.xfail("runtime does not bind _lookup_linked_param params yet (see docs/compiler.md)")
+    ex = m.module
+    assert m.get_num_inputs() == len(feeds)  # the weights are no longer inputs
+    linked = load_linked_params(factory)
+    assert linked and ex.linked == set(linked)
+    lookup = factory.get_lib().get_function("_lookup_linked_param", query_imports=True)
+    for name in linked:  # zero copy: the entry is the library's constant data itself
+        eid = ex.arg_eid[name]
+        assert ex.arrays[eid].numpy(copy=False).ctypes.data == int(lookup(name))
+        np.testing.assert_array_equal(m.get_input(name).numpy(), linked[name])
     m.set_input(**feeds)
     m.run()
     np.testing.assert_allclose(m.get_output(0).numpy(), ref[0], rtol=RTOL, atol=ATOL)
+    # overriding a linked param gives that entry its own memory; the library data is untouched
+    name = sorted(linked)[0]
+    m.set_input(name, np.zeros_like(linked[name]))
+    assert name not in ex.linked
+    assert ex.arrays[ex.arg_eid[name]].numpy(copy=False).ctypes.data != int(lookup(name))
+    m.run()
+    assert not np.allclose(m.get_output(0).numpy(), ref[0], rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(load_linked_params(factory)[name], linked[name])
+    m.set_input(name, linked[name])
+    m.run()
+    np.testing.assert_allclose(m.get_output(0).numpy(), ref[0], rtol=RTOL, atol=ATOL)
+    path = str(tmp_path / "mlp_linked_auto.so")
+    factory.export_library(path)
+    m2 = kiln.GraphModule(kiln.runtime.load_module(path)["default"](kiln.cpu()))
+    m2.run(**feeds)
+    np.testing.assert_allclose(m2.get_output(0).numpy(), ref[0], rtol=RTOL, atol=ATOL)

@@ -208,6 +208,7 @@ class Progress:
         self.timings: dict[str, float] = {}
         self.details: dict[str, str] = {}
         self._current: str | None = None
+        self.counter = ""  # e.g. "group 37/80", drawn after the running clock
         self._t0 = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -223,7 +224,7 @@ class Progress:
     def begin(self, name: str) -> None:
         """Start stage ``name`` (ends the current one first)."""
         if self._current is not None:
-            self.end(self._current)
+            self.end(self._current, self.details.get(self._current, ""))
         self._current = name
         self._t0 = time.perf_counter()
         if self.live:
@@ -286,7 +287,8 @@ class Progress:
             if name is None:
                 break
             dt = time.perf_counter() - self._t0
-            self._write(f"{self._label(name)} {fmt_seconds(dt):>9} {self._SPIN[i % 4]}", final=False)
+            extra = f"  {self.counter}" if self.counter else ""
+            self._write(f"{self._label(name)} {fmt_seconds(dt):>9} {self._SPIN[i % 4]}{extra}", final=False)
             i += 1
 
     def _write(self, text: str, final: bool) -> None:
@@ -313,97 +315,44 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-class _DriverLog:
-    """Stands in for ``sys.stderr`` while ``kiln.build`` runs with ``KILN_DEBUG=1``.
-
-    The driver logs ``[kiln.build] <stage>: <ms> ms`` when each of its stages ends (its
-    documented debug output, and the only progress signal it offers today). Those lines move
-    the progress display on; everything else goes to the real stderr. When the user set
-    ``KILN_DEBUG`` themselves the driver's lines are passed through as well.
-    """
-
-    #: driver stage -> display stage that *begins* when it ends
-    NEXT = {"fuse": "lower", "lower": "codegen+compile"}
-
-    def __init__(self, real: Any, prog: "Progress", passthrough: bool) -> None:
-        self.real = real
-        self.prog = prog
-        self.passthrough = passthrough
-        self.buf = ""
-        self.seen: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.buf += text
-        while "\n" in self.buf:
-            line, self.buf = self.buf.split("\n", 1)
-            self._line(line)
-        return len(text)
-
-    def _line(self, line: str) -> None:
-        import re
-
-        m = re.match(r"\[kiln\.build\] (\S+): [0-9.]+ ms", line)
-        if m is None and not line.startswith("[kiln.build]"):
-            self.real.write(line + "\n")
-            return
-        if self.passthrough:
-            self.real.write(line + "\n")
-        if m is None:
-            return
-        name = m.group(1)
-        self.seen.append(name)
-        nxt = self.NEXT.get(name)
-        if nxt is not None and self.prog._current != nxt:
-            self.prog.begin(nxt)
-
-    def flush(self) -> None:
-        if self.buf:
-            self._line(self.buf)
-            self.buf = ""
-        try:
-            self.real.flush()
-        except (OSError, ValueError):
-            pass
-
-    def isatty(self) -> bool:
-        return _isatty(self.real)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
+#: driver stage (``kiln.build``'s ``progress`` callback) -> display stage
+_DISPLAY_STAGE = {"passes": "optimize", "fuse": "optimize", "lower": "lower",
+                  "codegen+compile": "codegen+compile", "graph_codegen": "codegen+compile",
+                  "link_params": "codegen+compile", "factory": "codegen+compile"}
 
 
 def run_build(graph: Any, params: Mapping[str, Any], prog: "Progress", **kwargs: Any) -> Any:
     """``kiln.build(graph, params=params, **kwargs)`` with live stages on ``prog``.
 
-    Display stages: ``optimize`` (passes + fusion), ``lower``, ``codegen+compile`` (kernel code
-    generation, the C/LLVM compile, graph JSON and the factory). The driver has no progress
-    callback, so the stage changes come from its ``KILN_DEBUG`` log lines (see
-    :class:`_DriverLog`); the driver's own per-stage times stay in
-    ``factory.build_stats.timings``.
+    Display stages: ``optimize`` (passes + fusion), ``lower`` (with a per-kernel counter),
+    ``codegen+compile`` (kernel code generation, the C/LLVM compile, graph JSON and the
+    factory). They follow the driver's ``progress`` callback; the driver's own per-stage
+    times stay in ``factory.build_stats.timings``.
     """
     from .. import build as kiln_build
 
-    user_debug = os.environ.get("KILN_DEBUG", "") not in ("", "0")
-    old_env = os.environ.get("KILN_DEBUG")
-    old_err = sys.stderr
-    log = _DriverLog(old_err, prog, passthrough=user_debug)
-    os.environ["KILN_DEBUG"] = "1"
-    sys.stderr = log
-    prog.begin("optimize")
+    lowered = {"n": 0, "total": 0}
+
+    def on_progress(stage: str, event: str, info: dict) -> None:
+        shown = _DISPLAY_STAGE.get(stage, stage)
+        if event == "start" and prog._current != shown:
+            prog.begin(shown)
+        elif event == "kernel":
+            lowered.update(n=info["index"], total=info["total"])
+            prog.counter = f"group {info['index']}/{info['total']}"
+        elif event == "end" and stage == "lower":
+            prog.counter = ""
+            prog.details["lower"] = f"{lowered['total']} fused groups"
+
     try:
-        factory = kiln_build(graph, params=params, **kwargs)
+        factory = kiln_build(graph, params=params, progress=on_progress, **kwargs)
     except BaseException:
-        sys.stderr = old_err
         prog.abort()
         raise
-    finally:
-        sys.stderr = old_err
-        if old_env is None:
-            os.environ.pop("KILN_DEBUG", None)
-        else:
-            os.environ["KILN_DEBUG"] = old_env
-        log.flush()
-    prog.end()
+    stats = getattr(factory, "build_stats", None)
+    if stats is not None:
+        prog.details["codegen+compile"] = f"{stats.num_functions} kernels"
+    prog.end(None, prog.details.get(prog._current or "", ""))
     return factory
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..ir import Graph
 from ..runtime.errors import InputError
@@ -66,23 +66,37 @@ class BuildStats:
                 "linked_params": self.linked_params}
 
 
-class _Timer:
-    """Collects stage timings; prints them when ``KILN_DEBUG`` is set."""
+#: ``progress(stage, event, info)`` — see :func:`build`.
+ProgressCallback = Callable[[str, str, dict], None]
 
-    def __init__(self) -> None:
+
+class _Timer:
+    """Collects stage timings; prints them when ``KILN_DEBUG`` is set; reports to ``progress``."""
+
+    def __init__(self, progress: ProgressCallback | None = None) -> None:
         self.debug = os.environ.get("KILN_DEBUG", "") not in ("", "0")
         self.times: dict[str, float] = {}
+        self.progress = progress
+
+    def report(self, stage: str, event: str, **info: Any) -> None:
+        if self.progress is not None:
+            self.progress(stage, event, info)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
+        self.report(name, "start")
+        ok = False
         try:
             yield
+            ok = True
         finally:
             dt = time.perf_counter() - t0
             self.times[name] = self.times.get(name, 0.0) + dt
             if self.debug:
                 print(f"[kiln.build] {name}: {dt * 1e3:.1f} ms", file=sys.stderr)
+            if ok:
+                self.report(name, "end", seconds=dt)
 
 
 def _as_target(target: Any) -> Any:
@@ -148,7 +162,8 @@ def lower(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
 
 
 def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = None,
-          mod_name: str = "default", link_params: bool = False, opt_level: int = 3) -> Any:
+          mod_name: str = "default", link_params: bool = False, opt_level: int = 3,
+          progress: ProgressCallback | None = None) -> Any:
     """Compile a graph into an :class:`~kiln.runtime.ExecutorFactoryModule`.
 
     Parameters
@@ -167,6 +182,12 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
         shared library) instead of the factory's params blob. See :mod:`kiln.driver.linked_params`.
     opt_level : int
         0: no fusion, no folding; 1: fusion; 2+: folding, CSE and simplification too.
+    progress : callable, optional
+        ``progress(stage, event, info)`` is called as the build goes: ``event`` is ``"start"``
+        or ``"end"`` (``info["seconds"]``) for each stage (``passes``, ``fuse``, ``lower``,
+        ``codegen+compile``, ``graph_codegen``, ``link_params``, ``factory``), and
+        ``"kernel"`` during ``lower`` with ``info`` = ``{"index", "total", "name"}`` after each
+        fused group. Used by ``kiln build`` to draw its progress display.
 
     Returns
     -------
@@ -183,7 +204,7 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     from .. import codegen
     from ..runtime.executor_factory import ExecutorFactoryModule
 
-    timer = _Timer()
+    timer = _Timer(progress)
     t_all = time.perf_counter()
     tgt = _as_target(target)
     _check_graph(mod)
@@ -193,7 +214,9 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     with timer.stage("fuse"):
         fused = fuse_ops(graph, opt_level=opt_level)
     with timer.stage("lower"):
-        lowered = lower_fused_graph(fused, tgt, mod_name)
+        lowered = lower_fused_graph(
+            fused, tgt, mod_name,
+            on_kernel=lambda i, n, name: timer.report("lower", "kernel", index=i, total=n, name=name))
     with timer.stage("codegen+compile"):
         lib = codegen.build_module(lowered.funcs, tgt) if lowered.funcs else _empty_lib()
     with timer.stage("graph_codegen"):

@@ -7,9 +7,8 @@ param as a 64-byte aligned constant array, plus one packed function (TVM's conve
     _lookup_linked_param(name: str | index: int) -> void* (type code 3), or NULL (code 4)
 
 The graph JSON still has an argument node per param (same names), so an executor binds each
-param entry to the pointer returned for its name — zero copy, no params blob. The runtime
-side of that binding is :func:`load_linked_params` today (it copies); see docs/compiler.md
-for the executor hook that makes it automatic.
+param entry to the pointer returned for its name — zero copy, no params blob (the graph
+executor does this when it is created; :func:`load_linked_params` returns copies).
 
 The bytes are written as C string literals of ``\\xHH`` escapes: compilers parse these far
 faster than brace initializer lists, and the result is plain C that the ``.tar`` export

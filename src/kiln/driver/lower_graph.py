@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -218,7 +218,8 @@ def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: S
 
 
 def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
-                      inline_limit: int = INLINE_MAX_ELEMENTS) -> LoweredModel:
+                      inline_limit: int = INLINE_MAX_ELEMENTS,
+                      on_kernel: Callable[[int, int, str], None] | None = None) -> LoweredModel:
     """Lower every group of ``fused`` for ``target``.
 
     Parameters
@@ -230,16 +231,20 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
         Goes into the function names (``kilngen_<mod_name>_fused_...``).
     inline_limit : int
         Constants with at most this many elements are inlined.
+    on_kernel : callable, optional
+        ``on_kernel(i, n, func_name)`` after each group is lowered (``i`` of ``n`` groups);
+        drives progress displays.
 
     Returns
     -------
     LoweredModel
     """
     calls: list[LoweredCall] = []
+    total = len(fused.groups)
     funcs: list[Any] = []
     by_key: dict[tuple, str] = {}
     used: set[str] = set()
-    for g in fused.groups:
+    for gi, g in enumerate(fused.groups):
         if g.is_nop:
             calls.append(LoweredCall(g, "__nop", list(g.inputs), list(g.outputs)))
             continue
@@ -257,4 +262,6 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
             by_key[key] = name
             funcs.append(_lower_group(g, name, args, inlined, target))
         calls.append(LoweredCall(g, name, args, list(g.outputs), key))
+        if on_kernel is not None:
+            on_kernel(gi + 1, total, name)
     return LoweredModel(fused, calls, funcs)

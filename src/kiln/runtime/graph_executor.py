@@ -40,6 +40,7 @@ from .graph_json import Graph, load_graph_json
 
 __all__ = ["GraphExecutor", "GraphModule", "create"]
 
+LINKED_PARAM_LOOKUP = "_lookup_linked_param"  # exported by libraries built with link_params
 _ALIGN = 64  # CPU arrays are 64-byte aligned; zero-copy buffers must be too (kernels assume it)
 _OpCallP = ctypes.POINTER(_ffi.KilnOpCall)
 
@@ -154,8 +155,10 @@ class GraphExecutor:
         self.output_eids: list[int] = [g.entry_id(n, i) for n, i, _ in g.heads]
         self._shared_entries: set[int] = set()  # alias roots whose memory is a donor's
         self._host_views: dict[int, Any] = {}  # eid -> NumPy view of own host memory (set_input)
+        self.linked: set[str] = set()  # params whose memory is constant data inside the library
         self._setup_storage()
         self._setup_ops()
+        self._bind_linked_params()
 
     # ---------------------------------------------------------------------------------------
     # storage
@@ -426,6 +429,41 @@ class GraphExecutor:
 
     # ---------------------------------------------------------------------------------------
     # running and binding
+    def _bind_linked_params(self) -> None:
+        """Point every param the library carries itself (``link_params``) at that data.
+
+        A library built with ``link_params=True`` exports ``_lookup_linked_param(name)``
+        returning the address of a 64-byte aligned constant array (see
+        ``docs/compiler.md``). Binding is zero copy; those params are then read-only.
+        """
+        try:
+            lookup = self.lib.get_function(LINKED_PARAM_LOOKUP, query_imports=True)
+        except FunctionNotFoundError:
+            return
+        nd = _ndarray_mod()
+        g = self.graph
+        for name in self.arg_names:
+            addr = lookup(name)
+            if not addr:
+                continue
+            eid = self.arg_eid[name]
+            nbytes = _nbytes(g.shape[eid], g.dltype[eid])
+            if int(addr) % _ALIGN:
+                raise FormatError(f"linked param {name!r} is not {_ALIGN}-byte aligned in the library")
+            raw = (ctypes.c_ubyte * max(nbytes, 1)).from_address(int(addr))
+            host = np.frombuffer(raw, dtype=np.uint8, count=nbytes)
+            typed = host.view(_dtype.np_dtype(g.dltype[eid])).reshape(g.shape[eid])
+            dev = self.entry_device[eid]
+            if dev.host_visible:
+                self.bind(eid, nd.from_dlpack(typed), permanent=True)
+            else:  # device memory: the data must be copied there once
+                self.arrays[eid].copyfrom(typed)
+                self.linked.add(name)
+                self.params.add(name)
+                continue
+            self.linked.add(name)
+            self.params.add(name)
+
     def run(self) -> None:
         """Run every kernel once, in order."""
         for seg in self.segments:
@@ -618,6 +656,13 @@ class GraphModule:
 
     def _copy_in(self, name: str, eid: int, value: Any, what: str = "input") -> None:
         ex = self.module
+        if name in ex.linked:
+            # The linked data is read-only library memory: the first overwrite gives this
+            # entry memory of its own (the other linked params stay zero copy).
+            g = ex.graph
+            ex.bind(eid, _ndarray_mod().empty(g.shape[eid], g.dltype[eid], ex.entry_device[eid]),
+                    permanent=True)
+            ex.linked.discard(name)
         if type(value) is np.ndarray:
             # Fast path (the common case): NumPy into host memory the executor owns.
             hv = ex.host_view(eid)
