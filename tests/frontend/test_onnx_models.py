@@ -68,7 +68,9 @@ def test_cnn_residual():
     mod, params, opt = _compare(make_model(nodes, feeds, ["y"], 13, inits), feeds)
     assert mod.op_counts()["batch_norm"] == 2
     assert "batch_norm" not in opt.op_counts()
-    assert opt.op_counts()["conv2d"] == 2
+    counts = opt.op_counts()
+    # The layout pass may turn the convs into their blocked-layout form (conv2d_nchwc).
+    assert counts.get("conv2d", 0) + counts.get("conv2d_nchwc", 0) == 2
 
 
 def test_depthwise_separable():

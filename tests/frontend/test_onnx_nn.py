@@ -232,3 +232,192 @@ def test_upsample_opset9(mode):
                const_inputs=["s"])
     check_node("Resize", {"x": rand(1, 2, 3, 4), "s": scales}, {"mode": mode}, opset=10,
                const_inputs=["s"])
+
+
+# ----------------------------------------------------------------------------- coverage additions
+@pytest.mark.parametrize("axis", [0, 1, -1, 2])
+def test_layer_norm_mean_and_inv_std_dev(axis):
+    x = rand(2, 3, 5, lo=-2, hi=3)
+    shape = x.shape[axis:]
+    check_node("LayerNormalization", {"x": x, "s": rand(*shape, seed=1),
+                                      "b": rand(*shape, seed=2)},
+               {"axis": axis, "epsilon": 1e-2}, n_out=3)
+
+
+def test_layer_norm_mean_only_and_float16():
+    x = rand(3, 4, lo=0, hi=5)
+    mod = check_node("LayerNormalization", {"x": x, "s": rand(4, seed=1)}, n_out=2)
+    assert [v.shape for v in mod.outputs] == [(3, 4), (3, 1)]
+    # Mean / InvStdDev come in the stash type (float32) for float16 data.
+    x16 = x.astype(np.float16)
+    check_node("LayerNormalization", {"x": x16, "s": rand(4, seed=1).astype(np.float16)},
+               n_out=3, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [2, 2, 2]},
+    {"kernel_shape": [3, 2, 3], "strides": [2, 1, 2], "pads": [1, 0, 1, 1, 1, 0]},
+    {"kernel_shape": [2, 3, 2], "strides": [2, 2, 2], "ceil_mode": 1},
+    {"kernel_shape": [2, 2, 2], "dilations": [2, 1, 2], "pads": [1, 1, 0, 0, 1, 1]},
+    {"kernel_shape": [3, 3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2, 2]},
+])
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pool3d(op, attrs):
+    x = rand(2, 3, 5, 6, 7)
+    check_node(op, {"x": x}, attrs, opset=19)
+    if op == "AveragePool":
+        check_node(op, {"x": x}, {**attrs, "count_include_pad": 1}, opset=19)
+
+
+def test_pool3d_is_two_pool2d_kernels():
+    mod = check_node("MaxPool", {"x": rand(1, 2, 4, 4, 4)}, {"kernel_shape": [2, 2, 2]})
+    assert [n.op for n in mod.nodes if n.op.endswith("pool2d")] == ["max_pool2d", "max_pool2d"]
+
+
+def test_batchnorm_training_mode():
+    x = rand(4, 3, 5, 2, lo=-2, hi=2)
+    ins = {"x": x, "s": rand(3, seed=1), "b": rand(3, seed=2), "m": rand(3, seed=3),
+           "v": rand(3, seed=4, lo=0.5, hi=2)}
+    check_node("BatchNormalization", ins, {"training_mode": 1, "momentum": 0.8,
+                                           "epsilon": 1e-3}, n_out=3, opset=15)
+    check_node("BatchNormalization", {**ins, "x": rand(6, 3, lo=-1, hi=4)},
+               {"training_mode": 1}, n_out=3, opset=15)
+
+
+def test_dropout_training_with_zero_ratio_is_identity():
+    x = rand(3, 4)
+    ins = {"x": x, "r": np.array(0.0, np.float32), "t": np.array(True)}
+    check_node("Dropout", ins, n_out=2, opset=13, const_inputs=["r", "t"])
+
+
+def test_dropout_training_with_nonzero_ratio_is_unsupported():
+    import kiln
+    from onnx_check import make_model
+    from onnx import helper
+
+    from kiln.runtime.errors import UnsupportedOpError
+
+    node = helper.make_node("Dropout", ["x", "r", "t"], ["y"])
+    model = make_model([node], {"x": rand(3, 4), "r": np.array(0.5, np.float32),
+                                "t": np.array(True)}, ["y"], opset=13)
+    with pytest.raises(UnsupportedOpError, match="ratio=0.5"):
+        kiln.frontend.from_onnx(model, freeze={"r": np.array(0.5, np.float32),
+                                               "t": np.array(True)})
+
+
+@pytest.mark.parametrize("attrs", [
+    {"strides": [3, 2], "output_shape": [10, 8]},
+    {"strides": [2, 2], "output_shape": [10, 12]},
+    {"strides": [2, 2], "output_shape": [8, 9], "pads": [0, 0, 0, 0]},
+])
+def test_conv_transpose_output_shape_larger_than_full(attrs):
+    check_node("ConvTranspose", {"x": rand(1, 2, 4, 5), "w": rand(2, 3, 3, 3, seed=1)}, attrs)
+
+
+@pytest.mark.parametrize("eq,shapes", [
+    ("...ii->...i", [(3, 5, 5)]),
+    ("ii->i", [(4, 4)]),
+    ("ii", [(4, 4)]),
+    ("iji->j", [(3, 2, 3)]),
+    ("bii,bij->bj", [(2, 3, 3), (2, 3, 4)]),
+])
+def test_einsum_diagonal(eq, shapes):
+    ins = {f"x{i}": rand(*s, seed=i) for i, s in enumerate(shapes)}
+    check_node("Einsum", ins, {"equation": eq}, opset=12)
+
+
+def test_einsum_diagonal_keeps_inf_off_diagonal_out():
+    x = np.eye(3, dtype=np.float32) * 2
+    x[0, 1] = np.inf
+    check_node("Einsum", {"x": x}, {"equation": "ii->i"}, opset=12)
+
+
+RESIZE_FLOAT = [
+    ({"mode": "cubic"}, [1, 1, 0.8, 0.8]),
+    ({"mode": "cubic"}, [1, 1, 2.0, 1.5]),
+    ({"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1}, [1, 1, 0.8, 2.0]),
+    ({"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, [1, 1, 2.0, 2.0]),
+    ({"mode": "cubic", "coordinate_transformation_mode": "asymmetric"}, [1, 1, 1.5, 2.0]),
+    ({"mode": "cubic", "coordinate_transformation_mode": "pytorch_half_pixel"}, [1, 1, 0.5, 3]),
+    ({"mode": "linear", "antialias": 1}, [1, 1, 0.6, 0.5]),
+    ({"mode": "cubic", "antialias": 1}, [1, 1, 0.6, 0.75]),
+    ({"mode": "cubic", "antialias": 1}, [1, 1, 0.3, 2.0]),
+    # 20-tap filter: wider than MAX_GATHER_TAPS, resized by a matmul with the dense matrix
+    ({"mode": "cubic", "antialias": 1}, [1, 1, 0.2, 0.5]),
+    ({"mode": "nearest"}, [1, 2.0, 1.0, 1.5]),
+]
+
+
+@pytest.mark.parametrize("attrs,scales", RESIZE_FLOAT)
+def test_resize_cubic_antialias_and_any_axis(attrs, scales):
+    x = rand(1, 2, 11, 8, lo=-3, hi=3)
+    check_node("Resize", {"x": x, "roi": None, "scales": np.array(scales, np.float32)}, attrs,
+               opset=19, const_inputs=["scales"], rtol=1e-4, atol=1e-4)
+
+
+def test_resize_cubic_sizes_and_5d():
+    check_node("Resize", {"x": rand(1, 1, 4, 4), "roi": None, "scales": None,
+                          "sizes": np.array([1, 1, 9, 10], np.int64)}, {"mode": "cubic"},
+               opset=19, const_inputs=["sizes"], atol=1e-4)
+    check_node("Resize", {"x": rand(1, 2, 3, 4, 5), "roi": None,
+                          "scales": np.array([1, 1, 2.0, 0.5, 1.6], np.float32)},
+               {"mode": "linear"}, opset=19, const_inputs=["scales"], atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic", "nearest"])
+def test_resize_tf_crop_and_resize(mode):
+    x = rand(1, 2, 5, 6)
+    roi = np.array([0, 0, 0.2, 0.4, 1, 1, 0.7, 1.3], np.float32)  # W end beyond the input
+    attrs = {"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize",
+             "extrapolation_value": 7.0}
+    check_node("Resize", {"x": x, "roi": roi, "scales": None,
+                          "sizes": np.array([1, 2, 4, 5], np.int64)}, attrs, opset=19,
+               const_inputs=["roi", "sizes"], atol=1e-4)
+    check_node("Resize", {"x": x, "roi": np.array([0.6, 0.1, 0.2, 0.9], np.float32),
+                          "scales": None, "sizes": np.array([3, 4], np.int64)},
+               {**attrs, "axes": [3, 2]}, opset=19, const_inputs=["roi", "sizes"], atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [2, 2], "dilations": [2, 1], "storage_order": 1},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 2], "storage_order": 1},
+])
+def test_maxpool_indices(attrs):
+    x = rand(2, 3, 7, 6, lo=-5, hi=5)
+    check_node("MaxPool", {"x": x}, attrs, n_out=2, opset=12)
+    check_node("MaxPool", {"x": rand(2, 3, 7, 6, dtype="int8", lo=-100, hi=100)}, attrs,
+               n_out=2, opset=12)
+
+
+def test_maxpool_indices_1d():
+    check_node("MaxPool", {"x": rand(2, 3, 9)}, {"kernel_shape": [3], "strides": [2],
+                                                  "pads": [1, 1]}, n_out=2, opset=12)
+
+
+@pytest.mark.parametrize("attrs", [
+    {},
+    {"strides": [2, 1, 2]},
+    {"strides": [3, 2, 1], "pads": [1, 0, 1, 2, 1, 0], "output_padding": [1, 1, 0]},
+    {"strides": [2, 2, 2], "dilations": [2, 1, 2]},
+    {"strides": [2, 2, 1], "auto_pad": "SAME_UPPER"},
+    {"strides": [2, 1, 1], "output_shape": [8, 5, 6]},
+    {"group": 2, "strides": [2, 2, 2]},
+])
+def test_conv_transpose_3d(attrs):
+    g = attrs.get("group", 1)
+    check_node("ConvTranspose", {"x": rand(2, 4, 3, 4, 5), "w": rand(4, 3, 3, 2, 3, seed=1),
+                                 "b": rand(3 * g, seed=2)}, attrs)
+
+
+def test_resize_gathers_taps_or_uses_matmul_for_wide_filters():
+    def ops(scales, attrs):
+        mod = check_node("Resize", {"x": rand(1, 1, 12, 12), "roi": None,
+                                    "scales": np.array(scales, np.float32)}, attrs, opset=19,
+                         const_inputs=["scales"], atol=1e-4)
+        return {n.op for n in mod.nodes}
+
+    assert "matmul" not in ops([1, 1, 2.0, 2.0], {"mode": "cubic"})
+    assert "matmul" in ops([1, 1, 0.2, 1.0], {"mode": "cubic", "antialias": 1})

@@ -215,3 +215,21 @@ def test_topk(attrs):
                const_inputs=["k"])
     check_node("TopK", {"x": rand(4, 6), "k": np.array([2], I64)}, attrs, n_out=2, opset=11,
                const_inputs=["k"])
+
+
+def test_small_initializer_constant_keeps_its_name():
+    import kiln
+    from onnx import helper
+
+    from onnx_check import make_model
+
+    node = helper.make_node("Add", ["x", "bias_init"], ["y"])
+    model = make_model([node], {"x": rand(2, 3)}, ["y"],
+                       initializers={"bias_init": np.arange(3, dtype=np.float32)})
+    graph, params = kiln.frontend.from_onnx(model)
+    assert params == {}
+    names = [v.name for n in graph.nodes if n.op == "constant" for v in n.outputs]
+    assert "bias_init" in names
+    from kiln.ir.printer import astext
+
+    assert "# bias_init" in astext(graph, show_names=True)

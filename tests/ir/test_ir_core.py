@@ -8,6 +8,7 @@ import pytest
 import kiln
 from kiln import ir
 from kiln.ir import Graph, OpPattern, TensorType
+from kiln.ir.op import unregister_op
 from kiln.runtime.errors import FormatError, InputError, KilnError
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "ir.md")
@@ -62,11 +63,22 @@ def test_register_custom_op():
     ir.register_op("test_double", type_rel=lambda ts, a: [ts[0]], pattern=OpPattern.ELEMWISE,
                    ref=lambda xs, a: [xs[0] * a["k"]], attrs={"k": ("float", 2.0)},
                    override=True)
-    g = Graph()
-    x = g.add_input("x", (3,))
-    g.outputs = [g.add("test_double", x)]
-    assert g.nodes[0].attrs == {"k": 2.0}
-    np.testing.assert_array_equal(ir.evaluate(g, {"x": np.ones(3, "float32")})[0], [2, 2, 2])
+    try:
+        g = Graph()
+        x = g.add_input("x", (3,))
+        g.outputs = [g.add("test_double", x)]
+        assert g.nodes[0].attrs == {"k": 2.0}
+        np.testing.assert_array_equal(ir.evaluate(g, {"x": np.ones(3, "float32")})[0], [2, 2, 2])
+    finally:
+        # Registered ops are global: a leftover test op would make later registry-wide
+        # checks (every op has a compute) fail in the same session.
+        unregister_op("test_double")
+    assert not ir.has_op("test_double")
+
+
+def test_unregister_unknown_op_names_it():
+    with pytest.raises(KilnError, match="no_such_test_op"):
+        unregister_op("no_such_test_op")
 
 
 def test_attr_validation():

@@ -53,10 +53,18 @@ INCLUDED = [
     'test_averagepool_2d_same_lower',  # AveragePool
     'test_averagepool_2d_same_upper',  # AveragePool
     'test_averagepool_2d_strides',  # AveragePool
+    'test_averagepool_3d_default',  # AveragePool
+    'test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_False',  # AveragePool
+    'test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True',  # AveragePool
+    'test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_False',  # AveragePool
+    'test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True',  # AveragePool
+    'test_averagepool_3d_dilations_small',  # AveragePool
     'test_basic_conv_with_padding',  # Conv
     'test_basic_conv_without_padding',  # Conv
     'test_batchnorm_epsilon',  # BatchNormalization
+    'test_batchnorm_epsilon_training_mode',  # BatchNormalization
     'test_batchnorm_example',  # BatchNormalization
+    'test_batchnorm_example_training_mode',  # BatchNormalization
     'test_cast_BFLOAT16_to_FLOAT',  # Cast
     'test_cast_DOUBLE_to_FLOAT',  # Cast
     'test_cast_DOUBLE_to_FLOAT16',  # Cast
@@ -114,11 +122,13 @@ INCLUDED = [
     'test_conv_with_strides_padding',  # Conv
     'test_convtranspose',  # ConvTranspose
     'test_convtranspose_1d',  # ConvTranspose
+    'test_convtranspose_3d',  # ConvTranspose
     'test_convtranspose_autopad_same',  # ConvTranspose
     'test_convtranspose_dilations',  # ConvTranspose
     'test_convtranspose_group_2',  # ConvTranspose
     'test_convtranspose_group_2_image_3',  # ConvTranspose
     'test_convtranspose_kernel_shape',  # ConvTranspose
+    'test_convtranspose_output_shape',  # ConvTranspose
     'test_convtranspose_pad',  # ConvTranspose
     'test_convtranspose_pads',  # ConvTranspose
     'test_div',  # Div
@@ -138,6 +148,7 @@ INCLUDED = [
     'test_dropout_default_ratio',  # Dropout
     'test_dropout_random_old',  # Dropout
     'test_edge_pad',  # Pad
+    'test_einsum_batch_diagonal',  # Einsum
     'test_einsum_batch_matmul',  # Einsum
     'test_einsum_batch_matmul_bfloat16',  # Einsum
     'test_einsum_inner_prod',  # Einsum
@@ -222,42 +233,61 @@ INCLUDED = [
     'test_instancenorm_example',  # InstanceNormalization
     'test_isnan',  # IsNaN
     'test_isnan_float16',  # IsNaN
+    'test_layer_normalization_2d_axis0',  # LayerNormalization
     'test_layer_normalization_2d_axis0_expanded',  # LayerNormalization
     'test_layer_normalization_2d_axis0_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_2d_axis1',  # LayerNormalization
     'test_layer_normalization_2d_axis1_expanded',  # LayerNormalization
     'test_layer_normalization_2d_axis1_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_2d_axis_negative_1',  # LayerNormalization
     'test_layer_normalization_2d_axis_negative_1_expanded',  # LayerNormalization
     'test_layer_normalization_2d_axis_negative_1_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_2d_axis_negative_2',  # LayerNormalization
     'test_layer_normalization_2d_axis_negative_2_expanded',  # LayerNormalization
     'test_layer_normalization_2d_axis_negative_2_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_3d_axis0_epsilon',  # LayerNormalization
     'test_layer_normalization_3d_axis0_epsilon_expanded',  # LayerNormalization
     'test_layer_normalization_3d_axis0_epsilon_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_3d_axis1_epsilon',  # LayerNormalization
     'test_layer_normalization_3d_axis1_epsilon_expanded',  # LayerNormalization
     'test_layer_normalization_3d_axis1_epsilon_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_3d_axis2_epsilon',  # LayerNormalization
     'test_layer_normalization_3d_axis2_epsilon_expanded',  # LayerNormalization
     'test_layer_normalization_3d_axis2_epsilon_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_3d_axis_negative_1_epsilon',  # LayerNormalization
     'test_layer_normalization_3d_axis_negative_1_epsilon_expanded',  # LayerNormalization
     'test_layer_normalization_3d_axis_negative_1_epsilon_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_3d_axis_negative_2_epsilon',  # LayerNormalization
     'test_layer_normalization_3d_axis_negative_2_epsilon_expanded',  # LayerNormalization
     'test_layer_normalization_3d_axis_negative_2_epsilon_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_3d_axis_negative_3_epsilon',  # LayerNormalization
     'test_layer_normalization_3d_axis_negative_3_epsilon_expanded',  # LayerNormalization
     'test_layer_normalization_3d_axis_negative_3_epsilon_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis0',  # LayerNormalization
     'test_layer_normalization_4d_axis0_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis0_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis1',  # LayerNormalization
     'test_layer_normalization_4d_axis1_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis1_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis2',  # LayerNormalization
     'test_layer_normalization_4d_axis2_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis2_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis3',  # LayerNormalization
     'test_layer_normalization_4d_axis3_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis3_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis_negative_1',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_1_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_1_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis_negative_2',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_2_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_2_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis_negative_3',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_3_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_3_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_4d_axis_negative_4',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_4_expanded',  # LayerNormalization
     'test_layer_normalization_4d_axis_negative_4_expanded_ver18',  # LayerNormalization
+    'test_layer_normalization_default_axis',  # LayerNormalization
     'test_layer_normalization_default_axis_expanded',  # LayerNormalization
     'test_layer_normalization_default_axis_expanded_ver18',  # LayerNormalization
     'test_leakyrelu',  # LeakyRelu
@@ -333,6 +363,12 @@ INCLUDED = [
     'test_maxpool_2d_same_upper',  # MaxPool
     'test_maxpool_2d_strides',  # MaxPool
     'test_maxpool_2d_uint8',  # MaxPool
+    'test_maxpool_3d_default',  # MaxPool
+    'test_maxpool_3d_dilations',  # MaxPool
+    'test_maxpool_3d_dilations_use_ref_impl',  # MaxPool
+    'test_maxpool_3d_dilations_use_ref_impl_large',  # MaxPool
+    'test_maxpool_with_argmax_2d_precomputed_pads',  # MaxPool
+    'test_maxpool_with_argmax_2d_precomputed_strides',  # MaxPool
     'test_mean_example',  # Mean
     'test_mean_one_input',  # Mean
     'test_mean_two_inputs',  # Mean
@@ -389,9 +425,13 @@ INCLUDED = [
     'test_prelu_example',  # PRelu
     'test_prelu_example_expanded',  # PRelu
     'test_range_bfloat16_type_positive_delta',  # Range
+    'test_range_bfloat16_type_positive_delta_expanded',  # Range
     'test_range_float16_type_positive_delta',  # Range
+    'test_range_float16_type_positive_delta_expanded',  # Range
     'test_range_float_type_positive_delta',  # Range
+    'test_range_float_type_positive_delta_expanded',  # Range
     'test_range_int32_type_negative_delta',  # Range
+    'test_range_int32_type_negative_delta_expanded',  # Range
     'test_reciprocal',  # Reciprocal
     'test_reciprocal_example',  # Reciprocal
     'test_reduce_max_bool_inputs',  # ReduceMax
@@ -457,19 +497,35 @@ INCLUDED = [
     'test_reshape_reordered_last_dims',  # Reshape
     'test_reshape_zero_and_negative_dim',  # Reshape
     'test_reshape_zero_dim',  # Reshape
+    'test_resize_downsample_scales_cubic',  # Resize
+    'test_resize_downsample_scales_cubic_A_n0p5_exclude_outside',  # Resize
+    'test_resize_downsample_scales_cubic_antialias',  # Resize
     'test_resize_downsample_scales_linear',  # Resize
+    'test_resize_downsample_scales_linear_antialias',  # Resize
     'test_resize_downsample_scales_linear_half_pixel_symmetric',  # Resize
     'test_resize_downsample_scales_nearest',  # Resize
+    'test_resize_downsample_sizes_cubic',  # Resize
+    'test_resize_downsample_sizes_cubic_antialias',  # Resize
+    'test_resize_downsample_sizes_linear_antialias',  # Resize
     'test_resize_downsample_sizes_linear_pytorch_half_pixel',  # Resize
     'test_resize_downsample_sizes_nearest',  # Resize
     'test_resize_downsample_sizes_nearest_not_larger',  # Resize
     'test_resize_downsample_sizes_nearest_not_smaller',  # Resize
+    'test_resize_tf_crop_and_resize',  # Resize
+    'test_resize_tf_crop_and_resize_axes_2_3',  # Resize
+    'test_resize_tf_crop_and_resize_axes_3_2',  # Resize
+    'test_resize_tf_crop_and_resize_extrapolation_value',  # Resize
+    'test_resize_upsample_scales_cubic',  # Resize
+    'test_resize_upsample_scales_cubic_A_n0p5_exclude_outside',  # Resize
+    'test_resize_upsample_scales_cubic_align_corners',  # Resize
+    'test_resize_upsample_scales_cubic_asymmetric',  # Resize
     'test_resize_upsample_scales_linear',  # Resize
     'test_resize_upsample_scales_linear_align_corners',  # Resize
     'test_resize_upsample_scales_linear_half_pixel_symmetric',  # Resize
     'test_resize_upsample_scales_nearest',  # Resize
     'test_resize_upsample_scales_nearest_axes_2_3',  # Resize
     'test_resize_upsample_scales_nearest_axes_3_2',  # Resize
+    'test_resize_upsample_sizes_cubic',  # Resize
     'test_resize_upsample_sizes_nearest',  # Resize
     'test_resize_upsample_sizes_nearest_axes_2_3',  # Resize
     'test_resize_upsample_sizes_nearest_axes_3_2',  # Resize
@@ -565,6 +621,8 @@ INCLUDED = [
     'test_top_k_same_values_largest',  # TopK
     'test_top_k_smallest',  # TopK
     'test_top_k_uint64',  # TopK
+    'test_training_dropout_zero_ratio',  # Dropout
+    'test_training_dropout_zero_ratio_mask',  # Dropout
     'test_transpose_all_permutations_0',  # Transpose
     'test_transpose_all_permutations_1',  # Transpose
     'test_transpose_all_permutations_2',  # Transpose
@@ -585,4 +643,137 @@ INCLUDED = [
 ]
 
 SLOW = {
+    'test_add',
+    'test_add_bcast',
+    'test_add_int16',
+    'test_add_int8',
+    'test_add_uint16',
+    'test_add_uint32',
+    'test_add_uint64',
+    'test_and3d',
+    'test_and4d',
+    'test_and_bcast3v1d',
+    'test_and_bcast3v2d',
+    'test_and_bcast4v2d',
+    'test_and_bcast4v3d',
+    'test_and_bcast4v4d',
+    'test_averagepool_2d_pads_count_include_pad',
+    'test_averagepool_2d_precomputed_pads',
+    'test_averagepool_2d_precomputed_pads_count_include_pad',
+    'test_averagepool_2d_precomputed_same_upper',
+    'test_averagepool_2d_precomputed_strides',
+    'test_averagepool_3d_default',
+    'test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_False',
+    'test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True',
+    'test_basic_conv_with_padding',
+    'test_batchnorm_epsilon',
+    'test_batchnorm_epsilon_training_mode',
+    'test_batchnorm_example_training_mode',
+    'test_convtranspose_3d',
+    'test_flatten_axis0',
+    'test_flatten_axis1',
+    'test_flatten_axis2',
+    'test_flatten_default_axis',
+    'test_gather_0',
+    'test_gather_1',
+    'test_gelu_default_2',
+    'test_gelu_tanh_2_expanded',
+    'test_gemm_all_attributes',
+    'test_gemm_alpha',
+    'test_gemm_beta',
+    'test_gemm_default_matrix_bias',
+    'test_greater_uint16',
+    'test_hardswish_expanded',
+    'test_instancenorm_epsilon',
+    'test_layer_normalization_2d_axis0',
+    'test_layer_normalization_2d_axis0_expanded',
+    'test_layer_normalization_2d_axis1',
+    'test_layer_normalization_2d_axis1_expanded',
+    'test_layer_normalization_3d_axis0_epsilon',
+    'test_layer_normalization_3d_axis0_epsilon_expanded',
+    'test_layer_normalization_3d_axis1_epsilon',
+    'test_layer_normalization_3d_axis1_epsilon_expanded',
+    'test_layer_normalization_3d_axis2_epsilon',
+    'test_layer_normalization_3d_axis2_epsilon_expanded',
+    'test_layer_normalization_4d_axis0',
+    'test_layer_normalization_4d_axis0_expanded',
+    'test_layer_normalization_4d_axis1',
+    'test_layer_normalization_4d_axis1_expanded',
+    'test_layer_normalization_4d_axis2',
+    'test_layer_normalization_4d_axis2_expanded',
+    'test_layer_normalization_4d_axis3',
+    'test_layer_normalization_4d_axis3_expanded',
+    'test_layer_normalization_4d_axis_negative_1_expanded',
+    'test_layer_normalization_4d_axis_negative_3',
+    'test_leakyrelu',
+    'test_leakyrelu_default',
+    'test_leakyrelu_default_expanded',
+    'test_leakyrelu_example',
+    'test_leakyrelu_expanded',
+    'test_less',
+    'test_less_bcast',
+    'test_less_int16',
+    'test_less_uint16',
+    'test_less_uint32',
+    'test_less_uint64',
+    'test_less_uint8',
+    'test_log',
+    'test_logsoftmax_axis_0',
+    'test_logsoftmax_axis_0_expanded',
+    'test_logsoftmax_axis_0_expanded_ver18',
+    'test_logsoftmax_axis_1',
+    'test_logsoftmax_axis_1_expanded',
+    'test_logsoftmax_axis_1_expanded_ver18',
+    'test_logsoftmax_axis_2',
+    'test_logsoftmax_axis_2_expanded',
+    'test_logsoftmax_axis_2_expanded_ver18',
+    'test_logsoftmax_example_1',
+    'test_logsoftmax_example_1_expanded',
+    'test_logsoftmax_example_1_expanded_ver18',
+    'test_logsoftmax_large_number_expanded',
+    'test_logsoftmax_large_number_expanded_ver18',
+    'test_lrn_default',
+    'test_matmul_3d',
+    'test_matmul_4d',
+    'test_max_int64',
+    'test_maxpool_2d_precomputed_pads',
+    'test_maxpool_2d_precomputed_same_upper',
+    'test_maxpool_2d_same_upper',
+    'test_maxpool_2d_strides',
+    'test_maxpool_2d_uint8',
+    'test_maxpool_3d_default',
+    'test_maxpool_3d_dilations_use_ref_impl_large',
+    'test_maxpool_with_argmax_2d_precomputed_pads',
+    'test_maxpool_with_argmax_2d_precomputed_strides',
+    'test_mean_example',
+    'test_mul',
+    'test_mul_bcast',
+    'test_mul_int16',
+    'test_mul_int8',
+    'test_mul_uint8',
+    'test_not_2d',
+    'test_or_bcast4v3d',
+    'test_pow',
+    'test_pow_example',
+    'test_pow_types_float32_int64',
+    'test_pow_types_float32_uint64',
+    'test_resize_downsample_sizes_cubic_antialias',
+    'test_resize_downsample_sizes_linear_antialias',
+    'test_resize_tf_crop_and_resize_extrapolation_value',
+    'test_resize_upsample_scales_cubic',
+    'test_resize_upsample_scales_cubic_asymmetric',
+    'test_resize_upsample_scales_linear',
+    'test_resize_upsample_sizes_cubic',
+    'test_resize_upsample_sizes_nearest_not_smaller',
+    'test_resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric',
+    'test_sigmoid',
+    'test_slice_neg',
+    'test_slice_neg_steps',
+    'test_softmax_axis_0_expanded',
+    'test_softmax_axis_0_expanded_ver18',
+    'test_softmax_axis_1_expanded',
+    'test_softmax_axis_2_expanded',
+    'test_softmax_large_number_expanded',
+    'test_top_k_smallest',
+    'test_transpose_all_permutations_2',
 }

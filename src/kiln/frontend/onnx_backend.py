@@ -51,6 +51,8 @@ _SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
     "Clip": (1, 2), "Dropout": (1, 2), "OneHot": (1,), "CumSum": (1,), "Trilu": (1,),
     "CenterCropPad": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "DFT": (1, 2), "STFT": (1, 3),
     "NonMaxSuppression": (2, 3, 4), "RandomNormalLike": (), "Bernoulli": (),
+    # Loops are unrolled at import: the trip count and condition decide the graph.
+    "Loop": (0, 1),
 }
 # Ops whose outputs depend on the operands' shapes only, never on their values.
 _SHAPE_ONLY = {"Shape", "Size"}

@@ -220,6 +220,30 @@ def register_op(
     return op
 
 
+def unregister_op(name: str) -> OpDef:
+    """Remove the registered op ``name`` (for tests and plugins that register temporary ops).
+
+    Parameters
+    ----------
+    name : str
+        The op name.
+
+    Returns
+    -------
+    OpDef
+        The definition that was removed.
+
+    Raises
+    ------
+    KilnError
+        If no op ``name`` is registered.
+    """
+    op = _REGISTRY.pop(name, None)
+    if op is None:
+        raise KilnError(f"cannot unregister IR op {name!r}: it is not registered")
+    return op
+
+
 def _ensure_builtin() -> None:
     # The built-in ops live in kiln.ir.ops; importing it registers them.
     from . import ops  # noqa: F401

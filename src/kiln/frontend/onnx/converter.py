@@ -19,7 +19,7 @@ from ...ir import Graph, Value, get_op
 from ...ir.types import DTYPES, TensorType, np_dtype
 from ...runtime.errors import InputError, KilnError, UnsupportedOpError
 
-__all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops"]
+__all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops", "convert_nodes"]
 
 ConverterFn = Callable[["Context", Any, list, dict], "list[Value] | Value"]
 _CONVERTERS: dict[str, ConverterFn] = {}
@@ -49,7 +49,7 @@ def supported_ops() -> list[str]:
 
 
 def _load_converters() -> None:
-    from . import ops_math, ops_nn, ops_tensor  # noqa: F401
+    from . import ops_control, ops_math, ops_nn, ops_tensor  # noqa: F401
 
 
 def onnx_dtype(elem_type: int) -> str:
@@ -100,6 +100,8 @@ class Context:
         self.opset = opset
         self.node: Any = None
         self.param_values: dict[Value, np.ndarray] = {}
+        #: ONNX name -> IR value of the graph being converted (subgraphs read outer names).
+        self.env: dict[str, Value] = {}
 
     # -------------------------------------------------------------- emitting
     @property
@@ -131,9 +133,9 @@ class Context:
         """Single-output :meth:`emit` with keyword attributes."""
         return self.emit(op, inputs, attrs)[0]
 
-    def const(self, value: Any, dtype: Any = None) -> Value:
-        """A constant value."""
-        return self.graph.add_constant(value, dtype=dtype)
+    def const(self, value: Any, dtype: Any = None, name: str | None = None) -> Value:
+        """A constant value (``name``: the ONNX tensor it comes from, if any)."""
+        return self.graph.add_constant(value, dtype=dtype, name=name)
 
     # -------------------------------------------------------------- static values
     def try_static(self, v: Value | None) -> np.ndarray | None:
@@ -227,9 +229,25 @@ def load_onnx(model_or_path: Any) -> Any:
     raise InputError(f"expected an onnx.ModelProto or a path, got {type(model_or_path).__name__}")
 
 
+def _all_nodes(graph: Any) -> list[Any]:
+    """The nodes of ``graph`` and, recursively, of its subgraphs (Loop / If bodies)."""
+    import onnx
+
+    res = []
+    for node in graph.node:
+        res.append(node)
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                res.extend(_all_nodes(a.g))
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    res.extend(_all_nodes(sub))
+    return res
+
+
 def _check_supported(graph: Any) -> None:
     missing: dict[str, list[str]] = {}
-    for i, node in enumerate(graph.node):
+    for i, node in enumerate(_all_nodes(graph)):
         domain = node.domain or ""
         key = node.op_type if domain in ("", "ai.onnx") else f"{domain}.{node.op_type}"
         if domain not in ("", "ai.onnx") or node.op_type not in _CONVERTERS:
@@ -321,6 +339,7 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
 
     ctx = Context(opset, g.name or "main")
     env: dict[str, Value] = {}
+    ctx.env = env
     for vi in real_inputs:
         if vi.name in freeze_map:
             arr = np.asarray(freeze_map[vi.name])
@@ -346,7 +365,8 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
         arr = tensor_to_array(t)
         is_float = arr.dtype.kind == "f" or arr.dtype.name == "bfloat16"
         if freeze_all or not is_float or arr.size <= SMALL_INIT:
-            env[t.name] = ctx.const(arr)
+            # Keep the initializer's name so printed IR and errors can point at it.
+            env[t.name] = ctx.const(arr, name=t.name)
         else:
             v = ctx.graph.add_input(t.name, arr.shape, arr.dtype)
             ctx.param_values[v] = arr
@@ -354,7 +374,38 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
             env[t.name] = v
 
     missing_outputs: dict[str, str] = {}
-    for node in g.node:
+    convert_nodes(ctx, g.node, env, missing_outputs)
+    outputs = []
+    for vi in g.output:
+        if vi.name not in env:
+            raise UnsupportedOpError(f"graph output {vi.name!r} is "
+                                     f"{missing_outputs.get(vi.name, 'not computed')}")
+        outputs.append(env[vi.name])
+    ctx.graph.outputs = outputs
+    graph = _prune(ctx.graph, set(params))
+    params = {k: v for k, v in params.items() if k in set(graph.input_names)}
+    return graph, params
+
+
+def convert_nodes(ctx: Context, nodes: Sequence[Any], env: dict[str, Value],
+                  missing_outputs: dict[str, str], name_values: bool = True) -> None:
+    """Convert ONNX ``nodes`` in order, reading inputs from and writing outputs to ``env``.
+
+    Parameters
+    ----------
+    ctx : Context
+        The conversion state (``ctx.node`` is set to each node while it converts).
+    nodes : sequence of onnx.NodeProto
+        A graph's nodes, topologically sorted (as ONNX requires).
+    env : dict of str to Value
+        ONNX value name -> IR value; outer-scope names are visible to subgraphs through it.
+    missing_outputs : dict of str to str
+        Names of optional outputs Kiln does not compute -> a description for error messages.
+    name_values : bool
+        Give unnamed IR values their ONNX output names (off for unrolled loop bodies, whose
+        names repeat every iteration).
+    """
+    for node in nodes:
         ctx.node = node
         ins: list[Value | None] = []
         for name in node.input:
@@ -384,21 +435,11 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
                 continue
             if i < len(res) and res[i] is not None:
                 env[name] = res[i]
-                if res[i].name is None:
+                if name_values and res[i].name is None:
                     res[i].name = name
             else:
                 missing_outputs[name] = f"output {i} ({name!r}) of {node.op_type} node " \
                                         f"{node.name!r}"
-    outputs = []
-    for vi in g.output:
-        if vi.name not in env:
-            raise UnsupportedOpError(f"graph output {vi.name!r} is "
-                                     f"{missing_outputs.get(vi.name, 'not computed')}")
-        outputs.append(env[vi.name])
-    ctx.graph.outputs = outputs
-    graph = _prune(ctx.graph, set(params))
-    params = {k: v for k, v in params.items() if k in set(graph.input_names)}
-    return graph, params
 
 
 def _prune(graph: Graph, param_names: set[str]) -> Graph:

@@ -2,14 +2,16 @@
 
 Operands are contracted pairwise, left to right. For each pair the shared labels that are still
 needed (in the output or in a later operand) become matmul batch dims, the other shared labels
-are contracted, and each side's own labels become the M and N dims. Repeated labels within one
-operand (diagonals) are not supported.
+are contracted, and each side's own labels become the M and N dims. A label repeated within
+one operand (``ii``) first takes that operand's diagonal.
 """
 
 from __future__ import annotations
 
 import math
 import string
+
+import numpy as np
 
 from ...ir import Value
 from .converter import Context
@@ -61,12 +63,43 @@ def _permute(ctx: Context, v: Value, labels: str, order: str) -> Value:
     return ctx.emit1("transpose", v, axes=perm)
 
 
+def _diagonal(ctx: Context, v: Value, labels: str) -> tuple[Value, str]:
+    """Take the diagonal over every label repeated in ``labels`` (``"0ii"`` -> ``"0i"``).
+
+    The two dims of a repeated label move to the end, merge into one of n*n elements, and a
+    gather of the elements ``k * (n + 1)`` keeps the diagonal (exact, unlike masking with an
+    identity matrix, which turns inf/nan off the diagonal into nan).
+    """
+    while True:
+        rep = next((c for c in labels if labels.count(c) > 1), None)
+        if rep is None:
+            return v, labels
+        i = labels.index(rep)
+        j = labels.index(rep, i + 1)
+        n = v.shape[i]
+        if v.shape[j] != n:
+            raise ctx.bad(f"Einsum label {rep!r} repeats in term {labels!r} with sizes {n} and "
+                          f"{v.shape[j]}; a diagonal needs equal sizes")
+        rest = [k for k in range(len(labels)) if k not in (i, j)]
+        perm = tuple(rest) + (i, j)
+        if perm != tuple(range(len(perm))):
+            v = ctx.emit1("transpose", v, axes=perm)
+        lead = tuple(v.shape[:-2])
+        v = ctx.reshape(v, lead + (n * n,))
+        idx = ctx.const(np.arange(n, dtype=np.int64) * (n + 1))
+        v = ctx.emit1("take", v, idx, axis=len(lead))
+        labels = "".join(labels[k] for k in rest) + rep
+
+
 def lower_einsum(ctx: Context, equation: str, operands: list[Value]) -> Value:
     """Emit IR for ``einsum(equation, *operands)`` and return the result value."""
     terms, out = _parse(ctx, equation, [v.type.ndim for v in operands])
-    for t in terms:
+    if len(set(out)) != len(out):
+        raise ctx.bad(f"Einsum output {out!r} repeats a label")
+    operands = list(operands)
+    for k, t in enumerate(terms):
         if len(set(t)) != len(t):
-            raise ctx.unsupported(f"Einsum with a repeated label in one operand ({t!r})")
+            operands[k], terms[k] = _diagonal(ctx, operands[k], t)
     sizes: dict[str, int] = {}
     for t, v in zip(terms, operands):
         for c, d in zip(t, v.shape):

@@ -53,10 +53,11 @@ def _pads2d(pads: tuple, nd: int) -> tuple:
     return (0, pads[0], 0, pads[1])
 
 
-def _spatial_rank(ctx: Context, x: Value, what: str) -> int:
+def _spatial_rank(ctx: Context, x: Value, what: str, ranks: tuple[int, ...] = (1, 2)) -> int:
     nd = x.type.ndim - 2
-    if nd not in (1, 2):
-        raise ctx.unsupported(f"{what} on {nd}-D spatial data (only 1-D and 2-D are supported)")
+    if nd not in ranks:
+        names = " and ".join(f"{r}-D" for r in ranks)
+        raise ctx.unsupported(f"{what} on {nd}-D spatial data (only {names} are supported)")
     return nd
 
 
@@ -83,7 +84,7 @@ def _conv(ctx: Context, node, ins, attrs):
 def _conv_transpose(ctx: Context, node, ins, attrs):
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
-    nd = _spatial_rank(ctx, x, "ConvTranspose")
+    nd = _spatial_rank(ctx, x, "ConvTranspose", (1, 2, 3))
     kernel = tuple(attrs.get("kernel_shape", w.shape[2:]))
     strides = tuple(attrs.get("strides", (1,) * nd))
     dil = tuple(attrs.get("dilations", (1,) * nd))
@@ -95,17 +96,27 @@ def _conv_transpose(ctx: Context, node, ins, attrs):
     if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         targets = tuple(out_shape)[-nd:] if out_shape is not None else \
             tuple(n * s for n, s in zip(in_sp, strides))
-        begin, end = [], []
+        if len(targets) != nd:
+            raise ctx.bad(f"output_shape {tuple(out_shape)} does not give {nd} spatial dims")
+        begin, end, extra = [], [], []
         for n, k, s, d, op_, t in zip(in_sp, kernel, strides, dil, outpad, targets):
-            total = max(0, s * (n - 1) + op_ + (k - 1) * d + 1 - t)
+            total = s * (n - 1) + op_ + (k - 1) * d + 1 - t
+            # A target larger than the full output: the extra rows/cols at the end receive no
+            # input pixel (zeros), as extra output_padding would give.
+            extra.append(max(0, -total))
+            total = max(0, total)
             # As ONNX Runtime does: SAME_UPPER puts the odd pixel at the end, SAME_LOWER and
             # NOTSET (explicit output_shape) at the start.
             lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
             begin.append(lo)
             end.append(total - lo)
         pads = tuple(begin + end)
+        outpad = tuple(o + e for o, e in zip(outpad, extra))
     elif auto == "VALID":
         pads = (0,) * (2 * nd)
+    if nd == 3:
+        y = _conv_transpose3d(ctx, x, w, strides, dil, pads, outpad, attrs.get("group", 1))
+        return y if b is None else ctx.emit1("bias_add", y, b, axis=1)
     if nd == 1:
         x, w = _lift_1d(ctx, x), ctx.reshape(w, w.shape[:2] + (1,) + w.shape[2:])
     y = ctx.emit1("conv2d_transpose", x, w, strides=_to2d(strides, nd, 1),
@@ -116,6 +127,56 @@ def _conv_transpose(ctx: Context, node, ins, attrs):
     if nd == 1:
         y = ctx.reshape(y, y.shape[:2] + y.shape[3:])
     return y
+
+
+def _conv_transpose3d(ctx: Context, x: Value, w: Value, strides: tuple, dil: tuple, pads: tuple,
+                      outpad: tuple, groups: int) -> Value:
+    """3-D transposed convolution from one 2-D transposed convolution plus depth scatter.
+
+    Depth slices become batch items and the depth taps become extra output channels, so one
+    ``conv2d_transpose`` computes every (input slice, depth tap) contribution over (H, W). The
+    contribution of input slice ``d`` and tap ``k`` lands on output depth ``d * sd + k * dd``:
+    per tap, a zero-interleave (pad + reshape) spreads the slices ``sd`` apart and a pad shifts
+    them by ``k * dd``; the taps are summed, then the depth padding is cropped.
+    """
+    n, c, d, h, wd = x.shape
+    if w.type.ndim != 5 or w.shape[0] != c:
+        raise ctx.bad(f"weight shape {w.shape} does not match a 3-D ConvTranspose of input "
+                      f"{x.shape} (expected ({c}, C_out / group, kD, kH, kW))")
+    _, og, kd, kh, kw = w.shape
+    (sd, sh, sw), (dd, dh, dw) = strides, dil
+    pd0, ph0, pw0, pd1, ph1, pw1 = pads
+    opd, oph, opw = outpad
+    xs = ctx.reshape(ctx.emit1("transpose", x, axes=(0, 2, 1, 3, 4)), (n * d, c, h, wd))
+    w2 = ctx.reshape(w, (c, og * kd, kh, kw))  # channel o * kd + k: (out channel, depth tap)
+    y2 = ctx.emit1("conv2d_transpose", xs, w2, strides=(sh, sw), dilation=(dh, dw),
+                   padding=(ph0, pw0, ph1, pw1), output_padding=(oph, opw), groups=groups)
+    oh, ow = y2.shape[2:]
+    m = groups * og * oh * ow
+    y2 = ctx.reshape(y2, (n, d, groups * og, kd, oh * ow))
+    full = sd * (d - 1) + (kd - 1) * dd + 1 + opd
+    spread = (d - 1) * sd + 1
+    acc = None
+    for k in range(kd):
+        t = ctx.emit1("strided_slice", y2, begin=(k,), end=(k + 1,), strides=(1,), axes=(3,))
+        t = ctx.reshape(t, (n, d, 1, m))
+        if sd > 1:
+            t = ctx.emit1("pad", t, pad_width=((0, 0), (0, 0), (0, sd - 1), (0, 0)))
+            t = ctx.reshape(t, (n, d * sd, m))
+            t = ctx.emit1("strided_slice", t, begin=(0,), end=(spread,), strides=(1,),
+                          axes=(1,))
+        else:
+            t = ctx.reshape(t, (n, d, m))
+        t = ctx.emit1("pad", t, pad_width=((0, 0), (k * dd, full - k * dd - spread), (0, 0)))
+        acc = t if acc is None else ctx.emit1("add", acc, t)
+    od = full - pd0 - pd1
+    if od <= 0:
+        raise ctx.bad(f"transposed conv output depth would be empty ({od})")
+    if pd0 or pd1:
+        acc = ctx.emit1("strided_slice", acc, begin=(pd0,), end=(full - pd1,), strides=(1,),
+                        axes=(1,))
+    y = ctx.reshape(acc, (n, od, groups * og, oh, ow))
+    return ctx.emit1("transpose", y, axes=(0, 2, 1, 3, 4))
 
 
 # ----------------------------------------------------------------------------- gemm / matmul
@@ -165,12 +226,44 @@ def _matmul(ctx: Context, node, ins, attrs):
 # ----------------------------------------------------------------------------- normalization
 @onnx_op("BatchNormalization")
 def _batch_norm(ctx: Context, node, ins, attrs):
-    if attrs.get("training_mode", 0):
-        raise ctx.unsupported("training_mode=1")
     x, gamma, beta, mean, var = ins[:5]
+    if attrs.get("training_mode", 0):
+        return _batch_norm_training(ctx, x, gamma, beta, mean, var, attrs)
     y = ctx.emit1("batch_norm", x, gamma, beta, mean, var, epsilon=attrs.get("epsilon", 1e-5),
                   axis=1)
     return [y]
+
+
+def _batch_norm_training(ctx: Context, x: Value, gamma: Value, beta: Value, mean: Value,
+                         var: Value, attrs: dict) -> list[Value]:
+    """training_mode=1: normalise with the batch statistics, and output the updated running ones.
+
+    ``running = input * momentum + batch * (1 - momentum)``, with the biased (population)
+    batch variance, as the ONNX reference does.
+    """
+    nd = x.type.ndim
+    if nd < 2:
+        raise ctx.bad(f"input must be at least 2-D (N, C, ...), got shape {x.shape}")
+    eps = attrs.get("epsilon", 1e-5)
+    momentum = attrs.get("momentum", 0.9)
+    axes = (0,) + tuple(range(2, nd))
+    chan = (1, x.shape[1]) + (1,) * (nd - 2)
+    bmean = ctx.emit1("reduce_mean", x, axes=axes, keepdims=True)
+    dev = ctx.emit1("subtract", x, bmean)
+    bvar = ctx.emit1("reduce_mean", ctx.emit1("multiply", dev, dev), axes=axes, keepdims=True)
+    inv = ctx.emit1("rsqrt", ctx.emit1("add", bvar, ctx.const(np.array(eps), x.dtype)))
+    y = ctx.emit1("multiply", ctx.emit1("multiply", dev, inv), ctx.reshape(gamma, chan))
+    y = ctx.emit1("add", y, ctx.reshape(beta, chan))
+    bmean1 = ctx.reshape(bmean, (x.shape[1],))
+    bvar1 = ctx.reshape(bvar, (x.shape[1],))
+    keep = ctx.const(np.array(momentum), x.dtype)
+    take = ctx.const(np.array(1.0 - momentum), x.dtype)
+
+    def running(old: Value, cur: Value) -> Value:
+        return ctx.emit1("add", ctx.emit1("multiply", old, keep),
+                         ctx.emit1("multiply", cur, take))
+
+    return [y, running(mean, bmean1), running(var, bvar1)]
 
 
 @onnx_op("InstanceNormalization")
@@ -184,10 +277,27 @@ def _layer_norm(ctx: Context, node, ins, attrs):
     bias = ins[2] if len(ins) > 2 and ins[2] is not None else \
         ctx.const(np.zeros(scale.shape), scale.dtype)
     axis = attrs.get("axis", -1)
+    nd = x.type.ndim
     if axis < 0:
-        axis += x.type.ndim
-    return [ctx.emit1("layer_norm", x, scale, bias, axis=axis,
-                      epsilon=attrs.get("epsilon", 1e-5))]
+        axis += nd
+    if not 0 <= axis < nd:
+        raise ctx.bad(f"axis {attrs.get('axis', -1)} is out of range for a {nd}-D input")
+    eps = attrs.get("epsilon", 1e-5)
+    y = ctx.emit1("layer_norm", x, scale, bias, axis=axis, epsilon=eps)
+    if not any(node.output[1:3]):
+        return [y]
+    # The optional Mean / InvStdDev outputs (training graphs keep them for the backward pass):
+    # computed separately in the stash type, while Y keeps the fused layer_norm kernel.
+    from .converter import onnx_dtype
+
+    sdt = onnx_dtype(attrs.get("stash_type", 1))
+    xs = ctx.cast(x, sdt)
+    axes = tuple(range(axis, nd))
+    mean = ctx.emit1("reduce_mean", xs, axes=axes, keepdims=True)
+    dev = ctx.emit1("subtract", xs, mean)
+    var = ctx.emit1("reduce_mean", ctx.emit1("multiply", dev, dev), axes=axes, keepdims=True)
+    inv_std = ctx.emit1("rsqrt", ctx.emit1("add", var, ctx.const(np.array(eps), sdt)))
+    return [y, mean, inv_std]
 
 
 @onnx_op("Softmax", "LogSoftmax")
@@ -215,12 +325,16 @@ def _lrn(ctx: Context, node, ins, attrs):
 @onnx_op("MaxPool", "AveragePool")
 def _pool(ctx: Context, node, ins, attrs):
     x = ins[0]
-    nd = _spatial_rank(ctx, x, node.op_type)
+    nd = _spatial_rank(ctx, x, node.op_type, (1, 2, 3))
     kernel = tuple(attrs["kernel_shape"])
-    if node.op_type == "MaxPool" and attrs.get("storage_order", 0) and len(node.output) > 1:
-        raise ctx.unsupported("storage_order=1 indices")
+    want_indices = node.op_type == "MaxPool" and len(node.output) > 1 and bool(node.output[1])
     strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, node.op_type)
     ceil = bool(attrs.get("ceil_mode", 0))
+    if want_indices and nd == 3:
+        raise ctx.unsupported("the Indices output of a 3-D MaxPool (1-D and 2-D are supported)")
+    if nd == 3:
+        return [_pool3d(ctx, node.op_type, x, kernel, strides, dil, pads, ceil,
+                        bool(attrs.get("count_include_pad", 0)))]
     if nd == 1:
         x = _lift_1d(ctx, x)
     common = dict(pool_size=_to2d(kernel, nd, 1), strides=_to2d(strides, nd, 1),
@@ -230,9 +344,73 @@ def _pool(ctx: Context, node, ins, attrs):
     else:
         y = ctx.emit1("avg_pool2d", x, count_include_pad=bool(attrs.get("count_include_pad", 0)),
                       **common)
+    idx = None
+    if want_indices:
+        idx = _max_pool_indices(ctx, x, y.shape[2:], common,
+                                bool(attrs.get("storage_order", 0)))
     if nd == 1:
         y = ctx.reshape(y, y.shape[:2] + y.shape[3:])
-    return [y]
+        idx = None if idx is None else ctx.reshape(idx, y.shape)
+    return [y, idx]
+
+
+def _max_pool_indices(ctx: Context, x: Value, out_hw: tuple[int, int], win: dict,
+                      column_major: bool) -> Value:
+    """MaxPool's Indices output: the flat NCHW index of each window's (first) maximum.
+
+    One gather with a constant index array collects every window of the padded input as
+    (N, C, oh, ow, taps) (im2col), argmax picks the winning tap (the first on ties, in
+    row-major tap order as ONNX Runtime scans the window), and a constant (oh, ow, taps) table
+    maps the tap to the input's flat index ``h * W + w`` (``w * H + h`` for storage_order=1),
+    plus ``(n * C + c) * H * W``. Padding holds the dtype's lowest value, so it never wins over
+    a real cell.
+    """
+    n, c, h, w = x.shape
+    oh, ow = out_hw
+    (kh, kw), (sh, sw), (dh, dw) = win["pool_size"], win["strides"], win["dilation"]
+    pt, pl, pb, pr = win["padding"]
+    # ceil_mode windows may run past the end padding: pad far enough for every tap.
+    eh = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pt + pb))
+    ew = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + pl + pr))
+    np_dt = np.dtype(x.dtype) if x.dtype != "bfloat16" else np.dtype(np.float32)
+    low = float(np.iinfo(np_dt).min) if np_dt.kind in "iu" else -math.inf
+    hp, wp = h + pt + pb + eh, w + pl + pr + ew
+    xp = ctx.emit1("pad", x, pad_width=((0, 0), (0, 0), (pt, pb + eh), (pl, pr + ew)),
+                   value=low)
+    ys = np.arange(oh)[:, None, None] * sh + (np.arange(kh * kw) // kw)[None, None, :] * dh
+    xs = np.arange(ow)[None, :, None] * sw + (np.arange(kh * kw) % kw)[None, None, :] * dw
+    windows = ctx.emit1("take", ctx.reshape(xp, (n, c, hp * wp)),
+                        ctx.const((ys * wp + xs).astype(np.int64)), axis=2)
+    tap = ctx.emit1("argmax", windows, axis=4, keepdims=True)
+    ys, xs = ys - pt, xs - pl  # padded -> input coordinates
+    table = (xs * h + ys) if column_major else (ys * w + xs)
+    table = ctx.emit1("broadcast_to", ctx.const(table[None, None].astype(np.int64)),
+                      shape=(n, c, oh, ow, kh * kw))
+    flat = ctx.reshape(ctx.emit1("gather_elements", table, tap, axis=4), (n, c, oh, ow))
+    base = (np.arange(n * c, dtype=np.int64) * (h * w)).reshape(n, c, 1, 1)
+    return ctx.emit1("add", flat, ctx.const(base))
+
+
+def _pool3d(ctx: Context, op_type: str, x: Value, kernel: tuple, strides: tuple, dil: tuple,
+            pads: tuple, ceil: bool, count_include_pad: bool) -> Value:
+    """3-D pooling as two 2-D pools: over (H, W) with D folded into the channels, then over D.
+
+    A box window is separable. For max that is plain associativity; for average, every D slice
+    of one output's window has the same (H, W) cell count (per-dim counts depend only on the
+    output index along that dim), so the mean of the per-slice means is the mean over the box,
+    with the same in-bounds / count_include_pad divisor. ceil_mode is decided per dim too.
+    """
+    n, c, d, h, w = x.shape
+    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = kernel, strides, dil
+    pd0, ph0, pw0, pd1, ph1, pw1 = pads
+    op = "max_pool2d" if op_type == "MaxPool" else "avg_pool2d"
+    extra = {} if op_type == "MaxPool" else {"count_include_pad": count_include_pad}
+    hw = ctx.emit1(op, ctx.reshape(x, (n, c * d, h, w)), pool_size=(kh, kw), strides=(sh, sw),
+                   dilation=(dh, dw), padding=(ph0, pw0, ph1, pw1), ceil_mode=ceil, **extra)
+    oh, ow = hw.shape[2:]
+    y = ctx.emit1(op, ctx.reshape(hw, (n, c, d, oh * ow)), pool_size=(kd, 1), strides=(sd, 1),
+                  dilation=(dd, 1), padding=(pd0, 0, pd1, 0), ceil_mode=ceil, **extra)
+    return ctx.reshape(y, (n, c, y.shape[2], oh, ow))
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")
@@ -248,8 +426,8 @@ def _resize(ctx: Context, node, ins, attrs):
     x = ins[0]
     nd = x.type.ndim
     mode = attrs.get("mode", "nearest")
-    if mode not in ("nearest", "linear", "bilinear"):
-        raise ctx.unsupported(f"mode={mode!r} (nearest and linear are supported)")
+    if mode not in ("nearest", "linear", "bilinear", "cubic"):
+        raise ctx.unsupported(f"mode={mode!r} (nearest, linear and cubic are supported)")
     coord = attrs.get("coordinate_transformation_mode", "half_pixel")
     if node.op_type == "Upsample" or ctx.opset < 11:
         coord = "asymmetric"
@@ -269,10 +447,10 @@ def _resize(ctx: Context, node, ins, attrs):
             s = np.asarray(ctx.static(scales_v, "scales"), dtype=np.float64).reshape(-1)
             scales_arr = s if s.size else None
         nearest_mode = attrs.get("nearest_mode", "round_prefer_floor")
-    if coord == "tf_crop_and_resize":
-        raise ctx.unsupported("coordinate_transformation_mode='tf_crop_and_resize'")
     axes = tuple(attrs.get("axes", range(nd)))
     axes = tuple(a + nd if a < 0 else a for a in axes)
+    if len(set(axes)) != len(axes) or any(not 0 <= a < nd for a in axes):
+        raise ctx.bad(f"axes {tuple(attrs['axes'])} are not distinct axes of a {nd}-D input")
     in_shape = x.shape
     scales = [1.0] * nd
     out = list(in_shape)
@@ -297,10 +475,24 @@ def _resize(ctx: Context, node, ins, attrs):
             for a in axes:
                 scales[a] = r
                 out[a] = int(math.floor(r * in_shape[a] + 0.5))
-    if attrs.get("antialias", 0) and mode != "nearest" and any(s < 1 for s in scales):
-        raise ctx.unsupported("antialias=1 downscaling")
-    if scales[0] != 1.0 or scales[1] != 1.0 or out[0] != in_shape[0] or out[1] != in_shape[1]:
-        raise ctx.unsupported("resizing the batch or channel dims (only H, W of NCHW data)")
+    antialias = bool(attrs.get("antialias", 0)) and mode != "nearest" and \
+        any(s < 1 for s in scales)
+    batch_or_channel = scales[0] != 1.0 or scales[1] != 1.0 or out[0] != in_shape[0] or \
+        out[1] != in_shape[1]
+    if mode == "cubic" or antialias or coord == "tf_crop_and_resize" or batch_or_channel \
+            or nd not in (3, 4):
+        roi = None
+        if coord == "tf_crop_and_resize":
+            roi_v = ins[1] if len(ins) > 1 else None
+            if roi_v is None:
+                raise ctx.bad("coordinate_transformation_mode='tf_crop_and_resize' needs roi")
+            roi = np.asarray(ctx.static(roi_v, "roi"), dtype=np.float64).reshape(-1)
+            if roi.size != 2 * len(axes):
+                raise ctx.bad(f"roi {roi.tolist()} must hold {2 * len(axes)} values (starts "
+                              f"then ends of axes {axes})")
+            roi = {a: (roi[k], roi[k + len(axes)]) for k, a in enumerate(axes)}
+        return _resize_separable(ctx, x, tuple(out), scales, mode, coord, nearest_mode, roi,
+                                 antialias, attrs)
     if nd == 3:
         x = ctx.reshape(x, in_shape[:2] + (1,) + in_shape[2:])
         size, sc = (1, out[2]), (1.0, scales[2])
@@ -315,6 +507,147 @@ def _resize(ctx: Context, node, ins, attrs):
                   coordinate_transformation_mode=coord, nearest_mode=nearest_mode)
     if nd == 3:
         y = ctx.reshape(y, tuple(out))
+    return y
+
+
+#: Widest per-axis filter resized by gathers; wider (strong antialiased downscales) use a matmul.
+MAX_GATHER_TAPS = 16
+
+
+def _resize_taps(in_len: int, out_len: int, scale: float, mode: str, coord: str,
+                 roi: tuple[float, float] | None, antialias: bool, cubic_a: float,
+                 exclude_outside: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The 1-D Resize along one axis: (out_len, taps) source indices and weights, in-range mask.
+
+    Follows the ONNX reference: source coordinate from the coordinate transform, the taps
+    around it (edge-clamped), the linear (triangle) or cubic (Keys, ``a = cubic_coeff_a``)
+    kernel, widened by 1/scale when antialiasing a downscale, taps outside the input dropped
+    and the weights renormalised for ``exclude_outside``. For tf_crop_and_resize, rows whose
+    source lies outside the input are marked False in the mask (they get extrapolation_value).
+    """
+    from ...ir.ops.nn import resize_source_coord
+
+    xo = np.arange(out_len, dtype=np.float64)
+    if coord == "tf_crop_and_resize":
+        lo, hi = roi
+        if out_len > 1:
+            src = lo * (in_len - 1) + xo * ((hi - lo) * (in_len - 1) / (out_len - 1))
+        else:
+            src = np.full(out_len, 0.5 * (lo + hi) * (in_len - 1))
+        valid = (src >= 0) & (src <= in_len - 1)
+    else:
+        src = resize_source_coord(xo, in_len, out_len, scale, coord)
+        valid = np.ones(out_len, dtype=bool)
+    s = min(scale, 1.0) if antialias else 1.0
+    support = 1.0 if mode == "linear" else 2.0
+    start = int(math.floor(-support / s)) + 1
+    taps = np.arange(start, 1 - start + 1)
+    base = np.floor(src)
+    dist = np.abs((taps[None, :] - (src - base)[:, None]) * s)
+    if mode == "linear":
+        w = np.clip(1.0 - dist, 0.0, 1.0)
+    else:
+        a = cubic_a
+        w = np.where(dist <= 1, ((a + 2) * dist - (a + 3)) * dist * dist + 1,
+                     np.where(dist < 2, ((a * dist - 5 * a) * dist + 8 * a) * dist - 4 * a, 0.0))
+    idx = base[:, None].astype(np.int64) + taps[None, :]
+    if exclude_outside:
+        w = np.where((idx >= 0) & (idx < in_len), w, 0.0)
+    if antialias or exclude_outside:
+        tot = w.sum(axis=1, keepdims=True)
+        w = w / np.where(tot == 0, 1.0, tot)
+    idx = np.clip(idx, 0, in_len - 1)
+    w[~valid] = 0.0
+    return idx, w, valid
+
+
+def _nearest_src(in_len: int, out_len: int, scale: float, coord: str,
+                 roi: tuple[float, float] | None, nearest_mode: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Source index of every output index (nearest mode) and the in-range mask."""
+    from ...ir.ops.nn import _nearest_index, resize_source_coord
+
+    xo = np.arange(out_len, dtype=np.float64)
+    if coord == "tf_crop_and_resize":
+        lo, hi = roi
+        if out_len > 1:
+            src = lo * (in_len - 1) + xo * ((hi - lo) * (in_len - 1) / (out_len - 1))
+        else:
+            src = np.full(out_len, 0.5 * (lo + hi) * (in_len - 1))
+        valid = (src >= 0) & (src <= in_len - 1)
+    else:
+        src = resize_source_coord(xo, in_len, out_len, scale, coord)
+        valid = np.ones(out_len, dtype=bool)
+    return _nearest_index(src, in_len, nearest_mode, scale), valid
+
+
+def _resize_separable(ctx: Context, x: Value, out: tuple[int, ...], scales: list[float],
+                      mode: str, coord: str, nearest_mode: str,
+                      roi: dict[int, tuple[float, float]] | None, antialias: bool,
+                      attrs: dict) -> Value:
+    """Resize one axis at a time, for the variants the ``resize2d`` kernel does not cover.
+
+    Cubic, antialiased and tf_crop_and_resize resizes (and any axis of any rank) are separable
+    linear maps whose taps and weights depend only on static shapes and scales, so they are
+    computed at compile time from the ONNX formulas. Each resized axis is then a weighted sum
+    of ``taps`` gathers (``take`` * constant weights, one fused injective kernel, out * taps
+    multiply-adds per line), or, when a strong antialiased downscale makes the filter wider
+    than :data:`MAX_GATHER_TAPS`, one matmul with the dense (out, in) interpolation matrix.
+    Nearest gathers source indices (exact for every dtype).
+    """
+    nd = x.type.ndim
+    in_shape = x.shape
+    nearest = mode == "nearest"
+    if not nearest and not x.dtype.startswith(("float", "bfloat")):
+        raise ctx.unsupported(f"mode={mode!r} on {x.dtype} data (floating point is supported)")
+    cdt = x.dtype if x.dtype in ("float32", "float64") else "float32"
+    y = x if nearest else ctx.cast(x, cdt)
+    mask: np.ndarray | None = None
+    for a in range(nd):
+        n_in, n_out = in_shape[a], out[a]
+        axis_roi = roi.get(a) if roi is not None else None
+        if n_in == n_out and scales[a] == 1.0 and axis_roi is None:
+            continue  # the transform of an unchanged axis is the identity in every mode
+        if nearest:
+            idx, valid = _nearest_src(n_in, n_out, scales[a], coord, axis_roi, nearest_mode)
+            y = ctx.emit1("take", y, ctx.const(idx.astype(np.int64)), axis=a)
+        else:
+            idx, w, valid = _resize_taps(n_in, n_out, scales[a], "cubic" if mode == "cubic"
+                                         else "linear", coord, axis_roi, antialias,
+                                         float(attrs.get("cubic_coeff_a", -0.75)),
+                                         bool(attrs.get("exclude_outside", 0)))
+            if idx.shape[1] <= MAX_GATHER_TAPS:
+                wshape = [1] * nd
+                wshape[a] = n_out
+                acc = None
+                for t in range(idx.shape[1]):
+                    if not w[:, t].any():
+                        continue  # e.g. the far taps of an integer source coordinate
+                    g = ctx.emit1("take", y, ctx.const(idx[:, t]), axis=a)
+                    g = ctx.emit1("multiply", g, ctx.const(w[:, t].reshape(wshape).astype(cdt)))
+                    acc = g if acc is None else ctx.emit1("add", acc, g)
+                if acc is None:  # every row extrapolated: any value, the mask replaces it
+                    acc = ctx.emit1("take", y, ctx.const(idx[:, 0]), axis=a)
+                y = acc
+            else:
+                mat = np.zeros((n_out, n_in))
+                np.add.at(mat, (np.repeat(np.arange(n_out), idx.shape[1]), idx.reshape(-1)),
+                          w.reshape(-1))
+                pre, post = math.prod(y.shape[:a]), math.prod(y.shape[a + 1:])
+                flat = ctx.reshape(y, (pre, n_in, post))
+                prod = ctx.emit1("matmul", ctx.const(mat[None].astype(cdt)), flat)
+                y = ctx.reshape(prod, y.shape[:a] + (n_out,) + y.shape[a + 1:])
+        if not valid.all():
+            shp = [1] * nd
+            shp[a] = n_out
+            m = valid.reshape(shp)
+            mask = m if mask is None else (mask & m)
+    if mask is not None:
+        fill = ctx.const(np.array(attrs.get("extrapolation_value", 0.0)), y.dtype)
+        y = ctx.emit1("where", ctx.const(mask), y, fill)
+    y = ctx.cast(y, x.dtype)
+    if y is x:
+        y = ctx.emit1("identity", x)
     return y
 
 

@@ -73,9 +73,12 @@ def _dropout(ctx: Context, node, ins, attrs):
         if len(ins) > 1 and ins[1] is not None:
             ratio = float(np.asarray(ctx.static(ins[1], "ratio")))
         if len(ins) > 2 and ins[2] is not None:
-            training = ctx.try_static(ins[2])
-            if training is None or bool(np.asarray(training)):
-                raise ctx.unsupported("training_mode=True (Kiln compiles inference graphs)")
+            training = bool(np.asarray(ctx.static(ins[2], "training_mode")))
+            # Training with ratio 0 drops nothing, so it is deterministic: y = x, mask all
+            # true. Any other ratio needs random masks, which Kiln does not generate.
+            if training and ratio != 0.0:
+                raise ctx.unsupported(f"training_mode=True with ratio={ratio} (random dropout "
+                                      f"masks are not supported; Kiln compiles inference graphs)")
     y = ctx.emit1("dropout", x, rate=ratio)
     mask = ctx.const(np.ones(x.shape, dtype=bool))
     return [y, mask]
