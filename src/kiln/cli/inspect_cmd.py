@@ -1,7 +1,9 @@
 """``kiln inspect LIB.so|LIB.tar|MODEL.onnx``: show what a Kiln library (or a model) holds.
 
 For a library everything is read from the file (ELF section/symbol tables, or the tar
-members); no code from the library is loaded, and no module loader runs. ONNX models, the
+members); no code from the library is loaded, and no module loader runs. Device modules
+(``cuda``, ``opencl``, plug-ins) are summarized by the payload describer their module type
+registers (:func:`kiln.runtime.registry.register_payload_describer`), which only parses bytes. ONNX models, the
 compiled-graph summary and ``--graph`` drawing are at the end of this file.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from ..runtime.errors import FormatError, KilnFileNotFoundError
 
-__all__ = ["register", "run", "inspect_library"]
+__all__ = ["register", "run", "inspect_library", "describe_payload"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,8 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "inspect",
         help="show the module tree, functions and blob of a library (runs no library code)",
-        description="Show the module tree, exported functions and blob sizes of a .so or .tar "
-        "written by export_library. The file is parsed, never loaded.",
+        description="Show the module tree, exported functions, device modules (their kernels, launch "
+        "sizes and binary sizes) and blob sizes of a .so or .tar written by export_library. The file is "
+        "parsed, never loaded: no device runtime is needed.",
         epilog="Also: an ONNX model (inputs, outputs, op counts, Kiln support; --ir, --plan), the "
         "compiled model inside a library (graph, params, memory plan), and --graph drawings. "
         "examples: kiln inspect model.onnx --ir; kiln inspect model.so --graph model.svg",
@@ -65,15 +68,65 @@ def _tree_info(raw: Any, where: str) -> dict[str, Any]:
     from ..runtime import blob as _blob
 
     d = _blob.decode(raw, where)
+    entries = []
+    for i, e in enumerate(d.entries):
+        ent: dict[str, Any] = {"index": i, "type_key": e.type_key,
+                               "payload_bytes": None if e.payload is None else len(e.payload)}
+        if e.payload is not None:
+            desc = describe_payload(e.type_key, e.payload)
+            if desc is not None:
+                ent["device_module"] = desc
+        entries.append(ent)
     return {
         "blob_bytes": len(raw),
-        "entries": [
-            {"index": i, "type_key": e.type_key, "payload_bytes": None if e.payload is None else len(e.payload)}
-            for i, e in enumerate(d.entries)
-        ],
+        "entries": entries,
         "row_ptr": d.row_ptr,
         "child_indices": d.child_indices,
     }
+
+
+def describe_payload(type_key: str, payload: bytes) -> dict[str, Any] | None:
+    """What the module type's registered describer says about a blob payload, or None.
+
+    Device module types (``cuda``, ``opencl``, plug-ins) register a describer with
+    :func:`kiln.runtime.registry.register_payload_describer`; it only parses bytes, so this
+    needs neither the device runtime nor any code from the library. A describer that fails
+    is reported in the result (``"error"``) instead of aborting the inspection.
+    """
+    from ..runtime.registry import get_payload_describer
+
+    fn = get_payload_describer(type_key)
+    if fn is None:
+        return None
+    try:
+        desc = fn(payload)
+    except Exception as err:  # noqa: BLE001 - a corrupt device payload must not hide the rest
+        return {"error": f"{type(err).__name__}: {err}"}
+    return dict(desc) if isinstance(desc, dict) else {"error": f"describer returned {type(desc).__name__}"}
+
+
+def _format_device_module(desc: dict[str, Any], pad: str) -> list[str]:
+    """Text lines for a device-module description (format, sizes, functions, kernels)."""
+    if "error" in desc:
+        return [f"{pad}cannot describe payload: {desc['error']}"]
+    head = []
+    if desc.get("format"):
+        head.append(str(desc["format"]) + (f" for {desc['arch']}" if desc.get("arch") else ""))
+    if desc.get("binary_bytes") is not None:
+        head.append(f"binary {_size(int(desc['binary_bytes']))}")
+    if desc.get("source_bytes"):
+        head.append(f"source {_size(int(desc['source_bytes']))}")
+    funcs, kernels = desc.get("functions") or [], desc.get("kernels") or []
+    head.append(f"{len(funcs)} functions, {len(kernels)} kernels")
+    lines = [f"{pad}device code: {', '.join(head)}"]
+    for k in kernels:
+        dims = ""
+        if k.get("grid") is not None and k.get("block") is not None:
+            dims = f"  grid {'x'.join(str(v) for v in k['grid'])} block {'x'.join(str(v) for v in k['block'])}"
+        if k.get("shared_bytes"):
+            dims += f" shared {_size(int(k['shared_bytes']))}"
+        lines.append(f"{pad}  kernel {k.get('name', '?')}{dims}")
+    return lines
 
 
 def _inspect_so(path: str) -> dict[str, Any]:
@@ -214,6 +267,8 @@ def _format(info: dict[str, Any]) -> str:
             return
         seen.add(i)
         lines.append(f"{pad}[{i}] {e['type_key']}  ({desc})")
+        if e.get("device_module") is not None:
+            lines.extend(_format_device_module(e["device_module"], pad + "    "))
         for c in child[row_ptr[i] : row_ptr[i + 1]]:
             show(c, depth + 1)
 
