@@ -877,22 +877,24 @@ def np_dtype_name(dtype: str) -> Any:
     return np_dtype(dtype)
 
 
+def executor_devices(graph_json: Any) -> list[Any]:
+    """The devices a compiled graph runs on: the CPU first, then one per other device type in
+    ``attrs.device_index`` (e.g. ``[cpu(0), opencl(0)]`` for a heterogeneous OpenCL build)."""
+    from ..runtime import cpu, device
+    from ..runtime.graph_json import Graph, load_graph_json
+
+    g = graph_json if isinstance(graph_json, Graph) else load_graph_json(graph_json)
+    devs = [cpu()]
+    for code in sorted(set(g.device_index or ())):
+        if code != devs[0].device_type:
+            devs.append(device(code, 0))
+    return devs
+
+
 def create_graph_module(factory: Any, debug: bool = False) -> Any:
-    """``GraphModule(factory["default"](cpu()))`` (or the debug executor), with the weights of a
-    ``--link-params`` library bound.
+    """``GraphModule(factory["default"](*devices))`` (or the debug executor) on the devices the
+    graph is placed on (see :func:`executor_devices`); linked params are bound by the executor."""
+    from ..runtime import GraphModule
 
-    The executor does not yet bind linked params by itself (see ``kiln.driver.linked_params``),
-    so when the library exports the lookup function they are read and loaded here.
-    """
-    from ..runtime import GraphModule, cpu
-
-    dev = cpu()
-    m = factory.debug_create(dev) if debug else GraphModule(factory[factory.mod_name](dev))
-    lib = factory.get_lib()
-    if lib is not None and lib.implements_function("_lookup_linked_param", query_imports=True):
-        from ..driver.linked_params import load_linked_params
-
-        linked = load_linked_params(lib, factory.get_graph_json())
-        if linked:
-            m.load_params(linked)
-    return m
+    devs = executor_devices(factory.get_graph_json())
+    return factory.debug_create(*devs) if debug else GraphModule(factory[factory.mod_name](*devs))

@@ -115,7 +115,7 @@ def _check_graph(mod: Any) -> Graph:
 
 
 def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int = 3,
-             timer: _Timer | None = None) -> Graph:
+             timer: _Timer | None = None, disabled: tuple[str, ...] = ()) -> Graph:
     """Run the graph pass pipeline (bind params, infer types, fold, simplify).
 
     Parameters
@@ -138,6 +138,7 @@ def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int
             print(f"[kiln.build]   pass {name}: {dt * 1e3:.1f} ms ({len(g.nodes)} nodes)",
                   file=sys.stderr)
     seq = default_pipeline(params, opt_level=opt_level)
+    seq.disabled |= set(disabled)
     if trace is not None:
         seq.trace = trace
     return seq(_check_graph(mod))
@@ -163,7 +164,7 @@ def lower(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
 
 def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = None,
           mod_name: str = "default", link_params: bool = False, opt_level: int = 3,
-          progress: ProgressCallback | None = None) -> Any:
+          progress: ProgressCallback | None = None, placement: Any = None) -> Any:
     """Compile a graph into an :class:`~kiln.runtime.ExecutorFactoryModule`.
 
     Parameters
@@ -171,7 +172,10 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     mod : Graph
         The model (e.g. from :func:`kiln.frontend.from_onnx`).
     target : str, dict or Target
-        ``"llvm"``, ``"llvm -mcpu=native"``, ``"c"``, ``{"kind": "c"}``...
+        ``"llvm"``, ``"llvm -mcpu=native"``, ``"c"``, ``{"kind": "c"}``, ``"opencl"``...; or a
+        dict device name -> target for a heterogeneous build, e.g.
+        ``{"cpu": "llvm", "opencl": "opencl"}`` (the first entry is the default device).
+        See :mod:`kiln.driver.placement`.
     params : dict of str to array, optional
         Weights, keyed by graph input name; bound as constants and optimized with the graph.
     mod_name : str
@@ -182,6 +186,11 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
         shared library) instead of the factory's params blob. See :mod:`kiln.driver.linked_params`.
     opt_level : int
         0: no fusion, no folding; 1: fusion; 2+: folding, CSE and simplification too.
+    placement : dict or callable, optional
+        Node name or op name -> device (``{"add": "opencl", "log": "cpu"}``), or
+        ``f(node) -> device or None``. Values crossing devices get ``__copy`` nodes and the
+        graph JSON a ``device_index``; create the executor with every device used
+        (``factory["default"](kiln.cpu(), kiln.opencl())``).
     progress : callable, optional
         ``progress(stage, event, info)`` is called as the build goes: ``event`` is ``"start"``
         or ``"end"`` (``info["seconds"]``) for each stage (``passes``, ``fuse``, ``lower``,
@@ -204,23 +213,31 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     from .. import codegen
     from ..runtime.executor_factory import ExecutorFactoryModule
 
+    from .placement import build_libraries, lower_placed, place_groups, resolve_targets
+
     timer = _Timer(progress)
     t_all = time.perf_counter()
-    tgt = _as_target(target)
+    dts = resolve_targets(target)
     _check_graph(mod)
     originals = original_param_arrays(mod, params)
+    # the blocked conv layout is tuned for CPU SIMD; GPU schedules want plain NCHW
+    disabled = ("AlterConvLayout",) if dts.uses_accelerator else ()
     with timer.stage("passes"):
-        graph = optimize(mod, params, opt_level, timer)
+        graph = optimize(mod, params, opt_level, timer, disabled)
     with timer.stage("fuse"):
         fused = fuse_ops(graph, opt_level=opt_level)
+        fused, gdev = place_groups(fused, placement, dts)
     with timer.stage("lower"):
-        lowered = lower_fused_graph(
-            fused, tgt, mod_name,
+        lowered, cdev = lower_placed(
+            fused, gdev, dts, mod_name,
             on_kernel=lambda i, n, name: timer.report("lower", "kernel", index=i, total=n, name=name))
     with timer.stage("codegen+compile"):
-        lib = codegen.build_module(lowered.funcs, tgt) if lowered.funcs else _empty_lib()
+        if dts.uses_accelerator:
+            lib = build_libraries(lowered, cdev, dts, _empty_lib)
+        else:
+            lib = codegen.build_module(lowered.funcs, dts.primary) if lowered.funcs else _empty_lib()
     with timer.stage("graph_codegen"):
-        res = _graph_codegen(graph, lowered, originals)
+        res = _graph_codegen(graph, lowered, originals, cdev)
     params_out: dict[str, Any] = dict(res.params)
     if link_params and params_out:
         from .linked_params import linked_params_module
@@ -251,9 +268,10 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     return factory
 
 
-def _graph_codegen(graph: Graph, lowered: LoweredModel, originals: Mapping[str, Any]
-                   ) -> GraphCodegenResult:
-    calls = [KernelCall(c.func_name, c.args, c.outputs) for c in lowered.calls]
+def _graph_codegen(graph: Graph, lowered: LoweredModel, originals: Mapping[str, Any],
+                   devices: list[int] | None = None) -> GraphCodegenResult:
+    devs = devices if devices is not None else [1] * len(lowered.calls)
+    calls = [KernelCall(c.func_name, c.args, c.outputs, device=d) for c, d in zip(lowered.calls, devs)]
     return generate_graph_json(graph, calls, originals)
 
 

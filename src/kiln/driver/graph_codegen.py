@@ -11,6 +11,13 @@ The JSON is the well-known graph-executor layout (``docs/compiler.md`` and the r
   (``entry_id(nid, i) = node_row_ptr[nid] + i``); storage ids come from
   :func:`kiln.transform.memory_plan.plan_memory`.
 
+Heterogeneous graphs (calls on more than one device, or on a non-CPU device): every
+kernel call carries the DLPack device type it runs on. A graph input or param lives on the
+device of its first reader. Where a call reads a value that lives on another device, a
+``__copy`` node (one input, one output, same shape) is inserted right before it — once per
+(value, device) — and later readers on that device reuse the copy. ``attrs.device_index``
+(``list_int``) gives the device type of every entry, and storage is planned per device.
+
 Param naming: a param keeps the model's name when it is an unmodified initializer (same name,
 same data as what the user bound); anything the compiler made (folded, BN-scaled, split off a
 bigger constant...) is called ``p0, p1, ...``.
@@ -45,12 +52,15 @@ class KernelCall:
         Values the kernel writes.
     node_name : str
         Name of the graph JSON node (defaults to ``func_name``).
+    device : int
+        DLPack device type the call runs on (1 = CPU).
     """
 
     func_name: str
     args: list[Value]
     outputs: list[Value]
     node_name: str = ""
+    device: int = 1
 
 
 @dataclass
@@ -124,6 +134,7 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
     GraphCodegenResult
     """
     originals = dict(originals or {})
+    calls, vdev = _insert_copies(graph, calls)
     nodes: list[dict[str, Any]] = []
     row_ptr = [0]
     dltype: list[str] = []
@@ -149,11 +160,12 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
     # Params: constants read by a kernel (or returned as outputs), in first-use order.
     param_vals: list[Value] = []
     seen: set[Value] = set()
+    produced = {o for c in calls for o in c.outputs}
     for v in [a for c in calls for a in c.args] + list(graph.outputs):
         if v.is_constant and v not in seen:
             seen.add(v)
             param_vals.append(v)
-        elif v.node is None and v not in ventry:
+        elif v.node is None and v not in ventry and v not in produced:
             raise KilnError(f"value {v!r} is read by a kernel but is not a graph input")
     params: dict[str, np.ndarray] = {}
     counter = 0
@@ -213,7 +225,12 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
     plan_ops = [PlanOp(tuple(eid(a) for a in c.args), tuple(eid(o) for o in c.outputs),
                        c.func_name == "__nop") for c in calls]
     fixed = [row_ptr[n] for n in arg_nodes]
-    plan = plan_memory(entry_bytes, plan_ops, fixed, [eid(v) for v in graph.outputs])
+    device_index = [1] * len(entry_bytes)
+    for v in ventry:
+        device_index[eid(v)] = vdev.get(v, 1)
+    hetero = any(d != 1 for d in device_index)
+    plan = plan_memory(entry_bytes, plan_ops, fixed, [eid(v) for v in graph.outputs],
+                       devices=device_index if hetero else None)
     gjson = {
         "nodes": nodes,
         "arg_nodes": arg_nodes,
@@ -225,4 +242,50 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
         },
         "node_row_ptr": row_ptr,
     }
+    if hetero:
+        gjson["attrs"]["device_index"] = ["list_int", device_index]
     return GraphCodegenResult(gjson, params, plan, {v: eid(v) for v in ventry})
+
+
+def _insert_copies(graph: Graph, calls: Sequence[KernelCall]) -> tuple[list[KernelCall], dict[Value, int]]:
+    """Decide the device of every value and put ``__copy`` calls at device boundaries.
+
+    Returns the new call list and ``value -> device type``. ``__nop`` aliases run on their
+    input's device (an alias cannot change device).
+    """
+    vdev: dict[Value, int] = {}
+    for c in calls:  # inputs and params: the device of their first reader
+        dev = c.device
+        for a in c.args:
+            if (a.node is None or a.is_constant) and a not in vdev:
+                vdev[a] = dev
+    for v in graph.inputs:
+        vdev.setdefault(v, 1)
+    out: list[KernelCall] = []
+    copies: dict[tuple[Value, int], Value] = {}
+    for c in calls:
+        if c.func_name == "__nop":
+            src = c.args[0]
+            dev = vdev.setdefault(src, c.device)
+            out.append(KernelCall(c.func_name, list(c.args), list(c.outputs), c.node_name, dev))
+            for o in c.outputs:
+                vdev[o] = dev
+            continue
+        args: list[Value] = []
+        for a in c.args:
+            adev = vdev.setdefault(a, c.device)
+            if adev != c.device:
+                cp = copies.get((a, c.device))
+                if cp is None:
+                    cp = Value(a.type, None, 0, f"{a.name or 'v'}_copy")
+                    copies[(a, c.device)] = cp
+                    vdev[cp] = c.device
+                    out.append(KernelCall("__copy", [a], [cp], "__copy", c.device))
+                a = cp
+            args.append(a)
+        out.append(KernelCall(c.func_name, args, list(c.outputs), c.node_name, c.device))
+        for o in c.outputs:
+            vdev[o] = c.device
+    for v in graph.outputs:
+        vdev.setdefault(v, 1)
+    return out, vdev

@@ -22,7 +22,6 @@ _LAZY: dict[str, str] = {
     "DeviceAPI": "device",
     "register_device_api": "device",
     "get_device_api": "device",
-    "device": "device",
     "cpu": "device",
     "cuda": "device",
     "opencl": "device",
@@ -81,3 +80,12 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+# ``kiln.runtime.device`` is the function ``device(name_or_type, id)`` (as ``kiln.device``),
+# not the submodule of the same name: importing the submodule makes Python set the package
+# attribute to the module, so it is imported here (stdlib + NumPy only, no registrations
+# beyond the CPU device) and the attribute rebound once.
+from . import device as _device_module  # noqa: E402
+
+device = _device_module.device

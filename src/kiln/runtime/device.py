@@ -165,13 +165,13 @@ class Device:
     @property
     def host_visible(self) -> bool:
         """True when this device's memory can be read and written by host code directly."""
-        api = _REGISTRY.get(self.device_type)
+        api = _lookup_api(self.device_type)
         return bool(api is not None and getattr(api, "host_visible", False))
 
     @property
     def exist(self) -> bool:
         """Whether the device is present; False when no DeviceAPI is registered for its type."""
-        api = _REGISTRY.get(self.device_type)
+        api = _lookup_api(self.device_type)
         if api is None:
             return False
         try:
@@ -368,6 +368,23 @@ class CPUDeviceAPI(DeviceAPI):
 _REGISTRY: dict[int, DeviceAPI] = {}
 _REGISTRY_LOCK = threading.Lock()
 
+#: device type -> runtime module whose import registers its DeviceAPI (imported on first use,
+#: so that ``cuda().exist`` works without importing, let alone opening, any driver eagerly).
+BUILTIN_DEVICE_MODULES: dict[int, str] = {2: "kiln.runtime.cuda_driver", 4: "kiln.runtime.opencl_driver"}
+
+
+def _lookup_api(dt: int) -> "DeviceAPI | None":
+    api = _REGISTRY.get(dt)
+    if api is None and dt in BUILTIN_DEVICE_MODULES:
+        import importlib
+
+        try:
+            importlib.import_module(BUILTIN_DEVICE_MODULES[dt])
+        except ImportError:
+            return None
+        api = _REGISTRY.get(dt)
+    return api
+
 
 def register_device_api(device_type: int, api: DeviceAPI, name: str | None = None, override: bool = False) -> None:
     """Register the :class:`DeviceAPI` serving a device type (how device plug-ins hook in).
@@ -425,7 +442,7 @@ def get_device_api(device_type: int | Device) -> DeviceAPI:
         If nothing is registered; the message names the device and lists registered types.
     """
     dt = device_type.device_type if isinstance(device_type, Device) else operator.index(device_type)
-    api = _REGISTRY.get(dt)
+    api = _lookup_api(dt)
     if api is None:
         raise DeviceError(
             f"no DeviceAPI registered for device type {dt} ({_TYPE_NAMES.get(dt, 'unnamed')}); "

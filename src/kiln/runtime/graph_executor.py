@@ -170,9 +170,14 @@ class GraphExecutor:
         for d in self.devices:
             if d.device_type == code:
                 return d
+        from .device import Device
+
+        name = Device(code).name if code > 0 else str(code)
+        make = f"kiln.{name}()" if name in ("cuda", "opencl") else f"kiln.device({code})"
         raise DeviceError(
-            f"graph entry {eid} is placed on device type {code} (attrs.device_index) but no such device "
-            f"was given; devices: {[str(d) for d in self.devices]}"
+            f"graph entry {eid} is placed on device type {code} ({name}, attrs.device_index) but no such device "
+            f"was given; devices: {[str(d) for d in self.devices]}. Create the executor with every device "
+            f"the graph uses, e.g. factory['default'](kiln.cpu(), {make})"
         )
 
     def _setup_storage(self) -> None:
@@ -786,7 +791,8 @@ class GraphModule:
             if any(s != x for s, x, d in zip(got, reversed(expect), arr.shape) if d > 1):
                 raise InputError(f"zero-copy {what} {name}: array is not compact row-major (strides {got})")
         addr = (h.data or 0) + h.byte_offset
-        if addr % _ALIGN:
+        # device memory (OpenCL buffers) is a handle plus byte offset, not an address
+        if dev.host_visible and addr % _ALIGN:
             raise InputError(
                 f"zero-copy {what} {name}: data address 0x{addr:x} is not {_ALIGN}-byte aligned; "
                 "allocate with kiln.nd.empty/array or use set_input (copies)"

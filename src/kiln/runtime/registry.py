@@ -29,6 +29,9 @@ __all__ = [
     "register_builtin_loader_module",
     "BUILTIN_LOADER_MODULES",
     "LOADER_PREFIX",
+    "register_payload_describer",
+    "get_payload_describer",
+    "DESCRIBE_PREFIX",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,6 +41,8 @@ LOADER_PREFIX = "loadbinary_"
 #: type key -> module whose import registers ``loadbinary_<type_key>``.
 BUILTIN_LOADER_MODULES: dict[str, str] = {
     "GraphExecutorFactory": "kiln.runtime.executor_factory",
+    "cuda": "kiln.runtime.cuda_driver",
+    "opencl": "kiln.runtime.opencl_driver",
 }
 
 _FUNCS: dict[str, Callable[..., Any]] = {}
@@ -162,6 +167,33 @@ def get_loader(type_key: str) -> Callable[[bytes], Any]:
             f"no loader for module type {type_key!r}: global function {name!r} is not registered"
             f"{hint}; available loaders: {available}"
         )
+    return f
+
+
+DESCRIBE_PREFIX = "runtime.module.describe_"
+
+
+def register_payload_describer(type_key: str, fn: Callable[[bytes], dict] | None = None,
+                               override: bool = False) -> Any:
+    """Register ``fn(payload) -> dict`` summarizing a module payload of ``type_key``.
+
+    ``kiln inspect`` calls it on the bytes a module wrote with ``save_to_binary`` to list a
+    device module's kernels and binary sizes. It must only parse bytes: no library code, no
+    device runtime. Stored as the global function ``runtime.module.describe_<type_key>``.
+    """
+    return register_func(DESCRIBE_PREFIX + type_key, fn, override=override)
+
+
+def get_payload_describer(type_key: str) -> Callable[[bytes], dict] | None:
+    """The payload describer of ``type_key`` (importing its built-in module), or None."""
+    name = DESCRIBE_PREFIX + type_key
+    f = _FUNCS.get(name)
+    if f is None and type_key in BUILTIN_LOADER_MODULES:
+        try:
+            importlib.import_module(BUILTIN_LOADER_MODULES[type_key])
+        except Exception:  # noqa: BLE001 - a broken plug-in only loses its description
+            return None
+        f = _FUNCS.get(name)
     return f
 
 

@@ -157,8 +157,12 @@ def register_target_kind(name: str, options: dict[str, OptionSpec] | None = None
     return kind
 
 
+#: Kinds registered by plug-in modules that are imported the first time the kind is named.
+PLUGIN_KIND_MODULES: dict[str, str] = {"cuda": "kiln.codegen.cuda", "opencl": "kiln.codegen.opencl"}
+
+
 def get_target_kind(name: str) -> TargetKind:
-    """The registered kind ``name``.
+    """The registered kind ``name`` (importing its plug-in module if it has one).
 
     Raises
     ------
@@ -166,11 +170,16 @@ def get_target_kind(name: str) -> TargetKind:
         Listing the registered kinds.
     """
     k = _KINDS.get(name)
+    if k is None and name in PLUGIN_KIND_MODULES:
+        import importlib
+
+        importlib.import_module(PLUGIN_KIND_MODULES[name])
+        k = _KINDS.get(name)
     if k is None:
-        raise TargetError(f"unknown target kind {name!r}; registered kinds: {', '.join(sorted(_KINDS))}")
+        raise TargetError(f"unknown target kind {name!r}; registered kinds: {', '.join(list_target_kinds())}")
     return k
 
 
 def list_target_kinds() -> list[str]:
-    """Names of all registered target kinds."""
-    return sorted(_KINDS)
+    """Names of all registered target kinds (plug-in kinds included, imported or not)."""
+    return sorted(set(_KINDS) | set(PLUGIN_KIND_MODULES))

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..tir.expr import PrimExpr, Var, IntImm, FloatImm, Reduce  # noqa: F401
 from .intrin import *  # noqa: F401,F403
 from .intrin import __all__ as _intrin_all
-from .schedule import Schedule, Stage, create_schedule, inline_injective  # noqa: F401
+from .schedule import Schedule, Stage, create_schedule, inline_injective, thread_axis  # noqa: F401
 from . import schedule  # noqa: F401
 from .tensor import (  # noqa: F401
     ComputeOp, IterVar, Operation, PlaceholderOp, Tensor, compute, placeholder, reduce_axis,
@@ -42,7 +42,7 @@ def var(name: str = "v", dtype: str = "int32") -> Var:
 
 
 __all__ = [
-    "PrimExpr", "Var", "IntImm", "FloatImm", "Reduce", "Schedule", "Stage", "create_schedule", "inline_injective",
+    "PrimExpr", "Var", "IntImm", "FloatImm", "Reduce", "Schedule", "Stage", "create_schedule", "inline_injective", "thread_axis",
     "ComputeOp", "IterVar", "Operation", "PlaceholderOp", "Tensor", "compute", "placeholder", "reduce_axis",
     "var", *_intrin_all,
 ]

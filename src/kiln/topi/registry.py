@@ -40,6 +40,7 @@ _PATTERN_NAMES = {0: "ELEMWISE", 1: "BROADCAST", 2: "INJECTIVE", 3: "COMM_REDUCE
 def _ensure_builtin() -> None:
     # The built-in computes/schedules register themselves on import of their modules.
     from . import _builtin  # noqa: F401
+    from .schedule import gpu  # noqa: F401
 
 
 def _pattern_key(pattern: Any) -> str | None:
@@ -186,11 +187,14 @@ def get_schedule(anchor_op_name: str | None, pattern: Any, target: Any) -> Sched
     pk = _pattern_key(pattern) if pattern is not None else None
     if pk is not None:
         keys.append(pk)
-    for key in keys:
-        for k in (kind, "generic"):
-            fn = _SCHEDULES.get((key, k))
-            if fn is not None:
-                return fn
+    # GPU targets (keys contain "gpu") prefer any GPU schedule over the generic CPU ones
+    gpu = "gpu" in (getattr(target, "keys", None) or ()) or kind in ("opencl", "cuda")
+    order = ([(key, k) for k in (kind, "gpu") for key in keys] + [(key, "generic") for key in keys] if gpu
+             else [(key, k) for key in keys for k in (kind, "generic")])
+    for key, k in order:
+        fn = _SCHEDULES.get((key, k))
+        if fn is not None:
+            return fn
     raise KilnError(f"no schedule for op {anchor_op_name!r} / pattern {pattern!r} on target kind {kind!r}")
 
 

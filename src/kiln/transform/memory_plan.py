@@ -16,6 +16,9 @@ Algorithm (liveness-based, greedy best fit, TVM's ``GraphPlanMemory`` in spirit)
   storage but are never released (the user reads them after the run).
 * A ``__nop`` output (aliasing reshape) shares its input's storage id; its uses extend the
   lifetime of that storage.
+* Heterogeneous graphs: with ``devices`` (the DLPack device type of every entry), storage is
+  planned per device — an entry only ever reuses storage of its own device, and every
+  storage id belongs to exactly one device (``MemoryPlan.storage_devices``).
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ class MemoryPlan:
         Bytes the activations would need with one buffer per entry (aliases excluded).
     fixed_bytes : int
         Bytes of the input and param storages.
+    storage_devices : list of int
+        DLPack device type of every storage id (all 1 = CPU unless planned per device).
     """
 
     storage_ids: list[int]
@@ -72,6 +77,7 @@ class MemoryPlan:
     planned_bytes: int = 0
     no_reuse_bytes: int = 0
     fixed_bytes: int = 0
+    storage_devices: list[int] = field(default_factory=list)
 
     @property
     def num_storages(self) -> int:
@@ -91,13 +97,20 @@ class MemoryPlan:
 
     def as_dict(self) -> dict[str, object]:
         """Plain-dict form (for ``factory.get_stats()`` and JSON dumps)."""
-        return {"num_storages": self.num_storages, "planned_bytes": self.planned_bytes,
-                "no_reuse_bytes": self.no_reuse_bytes, "fixed_bytes": self.fixed_bytes,
-                "storage_sizes": list(self.storage_sizes)}
+        out: dict[str, object] = {"num_storages": self.num_storages, "planned_bytes": self.planned_bytes,
+                                  "no_reuse_bytes": self.no_reuse_bytes, "fixed_bytes": self.fixed_bytes,
+                                  "storage_sizes": list(self.storage_sizes)}
+        if self.storage_devices and any(d != 1 for d in self.storage_devices):
+            per: dict[int, int] = {}
+            for i, (nb, d) in enumerate(zip(self.storage_sizes, self.storage_devices)):
+                per[d] = per.get(d, 0) + nb
+            out["storage_devices"] = list(self.storage_devices)
+            out["bytes_per_device"] = {str(d): b for d, b in sorted(per.items())}
+        return out
 
 
 def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequence[int],
-                outputs: Sequence[int]) -> MemoryPlan:
+                outputs: Sequence[int], devices: Sequence[int] | None = None) -> MemoryPlan:
     """Plan storage for a sequence of kernel calls.
 
     Parameters
@@ -110,19 +123,26 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
         Entries with dedicated storage (graph inputs, params).
     outputs : sequence of int
         Graph output entries (never released).
+    devices : sequence of int, optional
+        DLPack device type of every entry; storage is then never shared across devices.
 
     Returns
     -------
     MemoryPlan
     """
     n = len(entry_bytes)
+    edev = [1] * n if devices is None else [int(d) for d in devices]
+    if len(edev) != n:
+        raise ValueError(f"plan_memory: {len(edev)} entry devices for {n} entries")
     sid = [-1] * n
     sizes: list[int] = []
+    sdev: list[int] = []  # device type of every storage id
     fixed_sids: set[int] = set()
     for e in fixed:
         if sid[e] < 0:
             sid[e] = len(sizes)
             sizes.append(int(entry_bytes[e]))
+            sdev.append(edev[e])
             fixed_sids.add(sid[e])
 
     # Alias roots and remaining-use counts per root (a nop's read of its input is not a use:
@@ -138,11 +158,13 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
                 refs[root[e]] += 1
     pinned = {root[e] for e in outputs}
 
-    free: list[int] = []  # storage ids available for reuse
+    free_by_dev: dict[int, list[int]] = {}  # device type -> storage ids available for reuse
 
-    def take(nbytes: int) -> int:
+    def take(nbytes: int, dev: int) -> int:
+        free = free_by_dev.setdefault(dev, [])
         if not free:
             sizes.append(nbytes)
+            sdev.append(dev)
             return len(sizes) - 1
         fits = [s for s in free if sizes[s] >= nbytes]
         if fits:
@@ -157,7 +179,7 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
     def release(r: int) -> None:
         if r in pinned or sid[r] in fixed_sids or sid[r] < 0:
             return
-        free.append(sid[r])
+        free_by_dev.setdefault(sdev[sid[r]], []).append(sid[r])
 
     no_reuse = 0
     for op in ops:
@@ -167,7 +189,7 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
             continue
         for o in op.outputs:
             if sid[o] < 0:
-                sid[o] = take(int(entry_bytes[o]))
+                sid[o] = take(int(entry_bytes[o]), edev[o])
                 no_reuse += int(entry_bytes[o])
         for o in op.outputs:  # written but never read: free right away
             if root[o] == o and refs[o] == 0:
@@ -182,6 +204,7 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
             sid[e] = sid[root[e]] if root[e] != e and sid[root[e]] >= 0 else len(sizes)
             if sid[e] == len(sizes):
                 sizes.append(int(entry_bytes[e]))
+                sdev.append(edev[e])
     planned = sum(s for i, s in enumerate(sizes) if i not in fixed_sids)
     fixed_b = sum(sizes[i] for i in fixed_sids)
-    return MemoryPlan(sid, sizes, fixed_sids, planned, no_reuse, fixed_b)
+    return MemoryPlan(sid, sizes, fixed_sids, planned, no_reuse, fixed_b, sdev)
