@@ -15,6 +15,7 @@ import tempfile
 from typing import Any
 
 from ..runtime.errors import InputError
+from ._common_target import DEFAULT_CLI_TARGET
 
 __all__ = ["register", "run"]
 
@@ -45,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "--profile: <name>.trace.json)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     build = p.add_argument_group("when given an ONNX model")
-    build.add_argument("--target", default="llvm", metavar="T", help="compilation target (default llvm)")
+    build.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
+                       help=f"compilation target (default '{DEFAULT_CLI_TARGET}': this machine's CPU)")
     build.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                        help="fix an input's shape, e.g. data:1,3,224,224")
     build.add_argument("--opt-level", type=int, default=3, choices=range(0, 4), metavar="N")

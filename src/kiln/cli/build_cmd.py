@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from ..runtime.errors import InputError
+from ._common_target import DEFAULT_CLI_TARGET
 
 __all__ = ["register", "run", "summarize"]
 
@@ -27,8 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="the ONNX model (.onnx)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="library to write: OUT.so or OUT.tar")
-    p.add_argument("--target", default="llvm", metavar="T",
-                   help="compilation target: llvm (default), 'llvm -mcpu=native', c, ...")
+    p.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
+                   help=f"compilation target (default '{DEFAULT_CLI_TARGET}': tuned for this machine's "
+                   "CPU; plain 'llvm' or 'c' for a portable x86-64 baseline, 'llvm -mcpu=skylake', ...)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="fix an input's shape, e.g. data:1,3,224,224 (repeatable; needed for dynamic dims)")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4), metavar="N",

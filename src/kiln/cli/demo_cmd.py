@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from ..runtime.errors import KilnError
+from ._common_target import DEFAULT_CLI_TARGET
 
 __all__ = ["register", "run", "demo_model_path"]
 
@@ -36,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compile the small CNN that ships with Kiln into a shared library, load it back, "
         "run it, check the result against Kiln's NumPy reference interpreter and time it.",
     )
-    p.add_argument("--target", default="llvm", metavar="T", help="compilation target (default llvm; try c)")
+    p.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
+                   help=f"compilation target (default '{DEFAULT_CLI_TARGET}'; try c)")
     p.add_argument("--keep", metavar="OUT.so", help="keep the compiled library at this path")
     p.add_argument("--repeat", type=int, default=50, metavar="N", help="timed runs (default 50)")
     p.set_defaults(func=run)

@@ -16,6 +16,7 @@ import tarfile
 from typing import Any
 
 from ..runtime.errors import FormatError, KilnFileNotFoundError
+from ._common_target import DEFAULT_CLI_TARGET
 
 __all__ = ["register", "run", "inspect_library", "describe_payload"]
 
@@ -43,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="(ONNX model) also compile it in memory and show kernels and the memory plan")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
                    help="(ONNX model) fix an input's shape, e.g. data:1,3,224,224")
-    p.add_argument("--target", default="llvm", metavar="T", help="(ONNX model, --plan) target (default llvm)")
+    p.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
+                   help=f"(ONNX model, --plan) target (default '{DEFAULT_CLI_TARGET}')")
     p.set_defaults(func=run)
 
 
