@@ -42,16 +42,21 @@ class KernelCSourceModule(CSourceModule):
 def c_compile_options(target: Any) -> list[str]:
     """C compiler flags for a target of kind ``c`` (or a kind with the same options).
 
-    ``-O<opt_level>``, ``-march=<mcpu>`` when given, ``-m<feat>`` / ``-mno-<feat>`` for
+    ``-O<opt_level>``, ``-march=<mcpu>`` when given (``-march=native`` when neither ``-mcpu`` nor
+    ``-mtriple`` is), ``-ffp-contract=fast`` (FMA contraction), ``-m<feat>`` / ``-mno-<feat>`` for
     ``-mattr=+feat,-feat``, ``-fno-math-errno`` (lets sqrt etc. inline and vectorize; we never
     read errno) and never ``-ffast-math``: results must stay IEEE-faithful.  ``-cflags``
     are appended last so they win.
     """
     a = target.attrs
-    opts = [f"-O{int(a.get('opt_level', 3))}", "-fno-math-errno", "-Wno-unused-function"]
+    opts = [f"-O{int(a.get('opt_level', 3))}", "-fno-math-errno", "-ffp-contract=fast", "-Wno-unused-function"]
     mcpu = a.get("mcpu") or ""
     if mcpu:
         opts.append(f"-march={mcpu}")
+    elif not a.get("mtriple"):
+        # no CPU named and not cross-compiling: the kernels run here, so use the host's ISA
+        # (the codegen sizes its vectors from the same host flags)
+        opts.append("-march=native")
     for feat in a.get("mattr") or []:
         if feat.startswith("+"):
             opts.append(f"-m{feat[1:]}")

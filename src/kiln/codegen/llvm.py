@@ -13,8 +13,14 @@ Per PrimFunc ``f`` the module gets
 
 Value conventions match the C codegen: float16/bfloat16 are computed in ``float`` (half is
 converted by ``fpext``/``fptrunc``, bfloat16 by bit operations with round-to-nearest-even),
-bools are ``i1`` stored as ``i8``.  Loops marked ``vectorized`` are left to LLVM's loop
-vectorizer (O3); ``unrolled`` loops with a constant extent up to 64 are unrolled here.
+bools are ``i1`` stored as ``i8``.  Loops marked ``vectorized`` with a constant extent become
+``<N x T>`` code (same plan as the C codegen: :mod:`kiln.tir.vectorize`; the rest is left to
+LLVM's loop vectorizer); ``unrolled`` loops with a constant extent up to 64 are unrolled (in
+:func:`kiln.tir.unswitch.unswitch_loops`, which also hoists tile guards).  Float ``fadd`` /
+``fsub`` / ``fmul`` carry the ``contract`` flag (FMA formation, like gcc's default
+``-ffp-contract=fast``); the add of a float sum into a one-element accumulator also carries
+``reassoc`` so reductions vectorize.  float32 ``exp`` / ``erf`` / ``tanh`` are internal
+always-inline polynomial functions (:mod:`kiln.codegen.vmath`), scalar and per vector width.
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ from ..tir.expr import (
 from ..tir.functor import collect_vars, post_order_visit
 from ..tir.simplify import simplify
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
+from ..tir.unswitch import unswitch_loops
+from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in
 from .c import STACK_LIMIT_BYTES
+from .vmath import VECTOR_MATH, emit_math
 
 __all__ = ["LLVMCodeGen"]
 
@@ -124,6 +133,8 @@ class LLVMCodeGen:
         self._decls: dict[str, ir.Function] = {}
         self._globals: dict[str, ir.GlobalVariable] = {}
         self._n_par = 0
+        #: SIMD register width in bytes for explicit vector code (0: leave loops to LLVM)
+        self.vector_bytes = 16
 
     # ------------------------------------------------------------------ module-level helpers
     def _declare(self, name: str, fty: ir.FunctionType) -> ir.Function:
@@ -170,7 +181,7 @@ class LLVMCodeGen:
             a.add_attribute("noalias")
             a.name = buf.name
             st.bufs[id(buf.data)] = a
-        self._stmt(st, f.body)
+        self._stmt(st, unswitch_loops(f.body))
         st.b.ret(ir.Constant(I32, 0))
         self._packed_wrapper(name, f.params, comp)
 
@@ -273,6 +284,10 @@ class LLVMCodeGen:
         elif isinstance(s, BufferStore):
             ptr = self._addr(st, s.buffer, s.indices)
             v = self._expr(st, s.value)
+            if _is_sum_update(s) and isinstance(v, ir.Instruction) and "reassoc" not in v.flags:
+                # a float sum into a one-element accumulator: let LLVM reorder it so the loop
+                # vectorizes (partial sums per lane, as any BLAS or rfactor schedule would)
+                v.flags.append("reassoc")
             b.store(self._to_storage(st, v, s.buffer.dtype), ptr)
         elif isinstance(s, Allocate):
             self._allocate(st, s)
@@ -352,6 +367,8 @@ class LLVMCodeGen:
             for k in range(s.extent.value):
                 st.vars[s.loop_var] = ir.Constant(value_type(s.loop_var.dtype), s.min.value + k)
                 self._stmt(st, s.body)
+            return
+        if s.kind == "vectorized" and self._vector_for(st, s):
             return
         start = self._expr(st, s.min, index=True)
         end = self._expr(st, simplify(s.min + s.extent), index=True)
@@ -553,11 +570,11 @@ class LLVMCodeGen:
             return b.or_(x, y)
         if is_float(dt):
             if op == "add":
-                return b.fadd(x, y)
+                return _contract(b.fadd(x, y))
             if op == "sub":
-                return b.fsub(x, y)
+                return _contract(b.fsub(x, y))
             if op == "mul":
-                return b.fmul(x, y)
+                return _contract(b.fmul(x, y))
             if op == "div":
                 return b.fdiv(x, y)
             if op in ("min", "max"):
@@ -644,6 +661,8 @@ class LLVMCodeGen:
             ax = b.call(fabs, [x])
             inf = ir.Constant(ty, float("inf"))
             return b.fcmp_ordered("==", ax, inf) if e.op == "isinf" else b.fcmp_ordered("<", ax, inf)
+        if e.op in VECTOR_MATH and ty == F32:
+            return b.call(self._math_fn(e.op, 1), args)
         if e.op in _INTRINSIC:
             fn = self._declare(f"{_INTRINSIC[e.op]}.{_sfx(ty)}", ir.FunctionType(ty, [ty] * len(args)))
         elif e.op in _LIBM:
@@ -652,9 +671,303 @@ class LLVMCodeGen:
             raise CompileError(f"LLVM codegen: unknown intrinsic {e.op!r}")
         return b.call(fn, args)
 
+    # ------------------------------------------------------------------ explicit SIMD
+    def _vector_for(self, st: _Fn, s: For) -> bool:
+        """Emit a vectorized loop as ``<N x T>`` code; False to keep the scalar loop."""
+        if self.vector_bytes <= 0:
+            return False
+        ranges = {v: (0, 2**31 - 1) for v in st.nonneg}
+        plan = plan_vector_loop(s, self.vector_bytes, ranges)
+        if plan is not None:
+            self._vector_body(st, plan)
+            return True
+        sm = split_min_extent(s)
+        if sm is None:
+            return False
+        full, bound = sm
+        plan = plan_vector_loop(For(s.loop_var, s.min, IntImm(full), s.kind, s.body), self.vector_bytes, ranges)
+        if plan is None:
+            return False
+        b = st.b
+        bv = self._expr(st, bound, index=True)
+        # whole tiles take the vector path; only the last, partial one runs the scalar loop
+        with b.if_else(b.icmp_signed(">=", bv, ir.Constant(bv.type, full))) as (then, other):
+            with then:
+                self._vector_body(st, plan)
+            with other:
+                start = self._expr(st, s.min, index=True)
+                end = self._expr(st, simplify(s.min + s.extent), index=True)
+                self._loop(st, s.loop_var, start, end, lambda: self._stmt(st, s.body))
+        return True
+
+    def _vector_body(self, st: _Fn, plan: Any) -> None:
+        from ..tir.functor import substitute
+
+        v = plan.loop.loop_var
+        base = plan.loop.min.value
+        st.vranges = {x: (0, 2**31 - 1) for x in st.nonneg}
+        st.vranges[v] = (base, base + plan.loop.extent.value - 1)
+        for o, w in plan.chunks:
+            if w == 1:
+                c = IntImm(base + o, v.dtype)
+                for sv in plan.stores:
+                    self._stmt(st, BufferStore(sv.buffer, simplify(substitute(sv.value, {v: c})),
+                                               [simplify(substitute(i, {v: c})) for i in sv.indices]))
+                continue
+            cx = (v, base + o, w)
+            for sv in plan.stores:
+                dt = sv.buffer.dtype
+                val, kind = self._vx(st, sv.value, cx)
+                if kind is None:
+                    val = self._splat(st, val, w)
+                ptr = self._addr_at(st, sv.buffer, sv.indices, v, base + o)
+                st.b.store(val, ptr, align=bits_of(dt) // 8)
+
+    def _addr_at(self, st: _Fn, buf: Buffer, indices: Sequence[PrimExpr], v: Var, at: int) -> ir.Value:
+        from ..tir.functor import substitute
+
+        c = IntImm(at, v.dtype)
+        return self._addr(st, buf, [substitute(i, {v: c}) for i in indices])
+
+    def _splat(self, st: _Fn, x: ir.Value, w: int) -> ir.Value:
+        vt = ir.VectorType(x.type, w)
+        if isinstance(x, ir.Constant):
+            return ir.Constant(vt, [x.constant] * w)
+        b = st.b
+        undef = ir.Constant(vt, ir.Undefined)
+        one = b.insert_element(undef, x, ir.Constant(I32, 0))
+        return b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(I32, w), [0] * w))
+
+    def _vx(self, st: _Fn, e: PrimExpr, cx: tuple[Var, int, int]) -> tuple[ir.Value, str | None]:
+        """Vector value of ``e`` for lanes ``v = o .. o + w - 1``: ``(value, kind)`` with kind None
+        for a lane-invariant scalar, the dtype for a vector, ``"mask"`` for ``<w x i1>``."""
+        v, o, w = cx
+        b = st.b
+        if v not in collect_vars(e):
+            return self._expr(st, e), None
+        if isinstance(e, Var):
+            if e.dtype not in VECTOR_DTYPES:
+                return self._lanewise(st, e, cx)
+            ty = value_type(e.dtype)
+            return ir.Constant(ir.VectorType(ty, w), [o + i for i in range(w)]), e.dtype
+        if isinstance(e, Load):
+            if e.dtype in VECTOR_DTYPES and stride_in(flat_index(e.buffer, e.indices), v, st.vranges) == 1:
+                ptr = self._addr_at(st, e.buffer, e.indices, v, o)
+                vt = ir.VectorType(storage_type(e.dtype), w)
+                return b.load(ptr, typ=vt, align=bits_of(e.dtype) // 8), e.dtype
+            return self._lanewise(st, e, cx)
+        if isinstance(e, BinaryOp):
+            return self._vbinary(st, e, cx)
+        if isinstance(e, Not):
+            a, k = self._vx(st, e.a, cx)
+            if k == "mask":
+                return b.xor(a, ir.Constant(ir.VectorType(I1, w), [1] * w)), k
+            return self._lanewise(st, e, cx)
+        if isinstance(e, Cast):
+            src, dst = e.value.dtype, e.dtype
+            if src in VECTOR_DTYPES and dst in VECTOR_DTYPES:
+                a, k = self._vx(st, e.value, cx)
+                if k == src:
+                    return self._vcast(st, a, src, dst, w), dst
+            return self._lanewise(st, e, cx)
+        if isinstance(e, Call):
+            if e.dtype in ("float32", "float64") and e.args[0].dtype == e.dtype and (
+                    (e.op in VECTOR_MATH and e.dtype == "float32") or e.op in _VINTRIN):
+                args = [self._vx(st, a, cx) for a in e.args]
+                if all(k in (None, e.dtype) for _, k in args):
+                    vals = [a if k is not None else self._splat(st, a, w) for a, k in args]
+                    if e.op in VECTOR_MATH and e.dtype == "float32":
+                        return b.call(self._math_fn(e.op, w), vals), e.dtype
+                    vt = vals[0].type
+                    fn = self._declare(f"{_INTRINSIC[e.op]}.v{w}{_sfx(value_type(e.dtype))}",
+                                       ir.FunctionType(vt, [vt] * len(vals)))
+                    return b.call(fn, vals), e.dtype
+            return self._lanewise(st, e, cx)
+        if isinstance(e, Select):
+            if e.dtype in VECTOR_DTYPES and _safe(e.true_value) and _safe(e.false_value):
+                m, km = self._vx(st, e.cond, cx)
+                x, kx = self._vx(st, e.true_value, cx)
+                y, ky = self._vx(st, e.false_value, cx)
+                if km == "mask":
+                    x = x if kx is not None else self._splat(st, x, w)
+                    y = y if ky is not None else self._splat(st, y, w)
+                    return b.select(m, x, y), e.dtype
+            return self._lanewise(st, e, cx)
+        return self._lanewise(st, e, cx)
+
+    def _vcast(self, st: _Fn, a: ir.Value, src: str, dst: str, w: int) -> ir.Value:
+        b = st.b
+        if src == dst:
+            return a
+        vt = ir.VectorType(value_type(dst), w)
+        if is_float(dst):
+            if is_float(src):
+                return b.fpext(a, vt) if dst == "float64" else b.fptrunc(a, vt)
+            return b.sitofp(a, vt)
+        if is_float(src):
+            return b.fptosi(a, vt)
+        return b.sext(a, vt) if bits_of(dst) > bits_of(src) else b.trunc(a, vt)
+
+    def _vbinary(self, st: _Fn, e: BinaryOp, cx: tuple[Var, int, int]) -> tuple[ir.Value, str | None]:
+        v, o, w = cx
+        b = st.b
+        op, dt = e.op, e.a.dtype
+        if op in ("and", "or"):
+            x, kx = self._vx(st, e.a, cx)
+            y, ky = self._vx(st, e.b, cx)
+            if kx in (None, "mask") and ky in (None, "mask"):
+                x = x if kx is not None else self._splat(st, x, w)
+                y = y if ky is not None else self._splat(st, y, w)
+                return (b.and_(x, y) if op == "and" else b.or_(x, y)), "mask"
+            return self._lanewise(st, e, cx)
+        if dt not in VECTOR_DTYPES:
+            return self._lanewise(st, e, cx)
+        fl = is_float(dt)
+        if op not in ("add", "sub", "mul", "min", "max", *_ICMP) and not (fl and op == "div"):
+            return self._lanewise(st, e, cx)
+        x, kx = self._vx(st, e.a, cx)
+        y, ky = self._vx(st, e.b, cx)
+        if kx not in (None, dt) or ky not in (None, dt):
+            return self._lanewise(st, e, cx)
+        x = x if kx is not None else self._splat(st, x, w)
+        y = y if ky is not None else self._splat(st, y, w)
+        if op in _ICMP:
+            if fl:
+                return (b.fcmp_unordered("!=", x, y) if op == "ne" else b.fcmp_ordered(_ICMP[op], x, y)), "mask"
+            return b.icmp_signed(_ICMP[op], x, y), "mask"
+        if op in ("min", "max"):
+            if fl:
+                win = b.or_(b.fcmp_ordered(">" if op == "max" else "<", x, y), b.fcmp_unordered("uno", x, x))
+            else:
+                win = b.icmp_signed("<" if op == "min" else ">", x, y)
+            return b.select(win, x, y), dt
+        if fl:
+            f = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}[op]
+            r = f(x, y)
+            return (_contract(r) if op != "div" else r), dt
+        return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](x, y), dt
+
+    def _lanewise(self, st: _Fn, e: PrimExpr, cx: tuple[Var, int, int]) -> tuple[ir.Value, str | None]:
+        """Fallback: evaluate ``e`` once per lane with scalar code and pack the lanes."""
+        v, o, w = cx
+        b = st.b
+        if e.dtype in VECTOR_DTYPES:
+            ty, kind = value_type(e.dtype), e.dtype
+        elif is_bool(e.dtype):
+            ty, kind = I1, "mask"
+        else:
+            raise CompileError(f"LLVM codegen: cannot vectorize a {e.dtype} expression")
+        old = st.vars.get(v)
+        vec = ir.Constant(ir.VectorType(ty, w), ir.Undefined)
+        for i in range(w):
+            st.vars[v] = ir.Constant(value_type(v.dtype), o + i)
+            vec = b.insert_element(vec, self._expr(st, e), ir.Constant(I32, i))
+        if old is None:
+            del st.vars[v]
+        else:
+            st.vars[v] = old
+        return vec, kind
+
+    def _math_fn(self, op: str, w: int) -> ir.Function:
+        """Internal always-inline float32 ``op`` (``kiln.codegen.vmath``) over ``w`` lanes."""
+        name = f"kiln_v{op}_f32x{w}"
+        fn = self._decls.get(name)
+        if fn is None:
+            ty = F32 if w == 1 else ir.VectorType(F32, w)
+            fn = ir.Function(self.module, ir.FunctionType(ty, [ty]), name=name)
+            fn.linkage = "internal"
+            fn.attributes.add("alwaysinline")
+            b = ir.IRBuilder(fn.append_basic_block("entry"))
+            b.ret(emit_math(op, _LLMathEmitter(b, w), fn.args[0]))
+            self._decls[name] = fn
+        return fn
+
     def finish(self) -> str:
         """The module's LLVM IR text."""
         return str(self.module)
+
+
+_VINTRIN = ("sqrt", "fabs", "floor", "ceil", "trunc", "round")
+
+
+def _is_sum_update(s: BufferStore) -> bool:
+    """``acc[0] = acc[0] + x`` on a float32/64 one-element local accumulator."""
+    buf, v = s.buffer, s.value
+    if buf.scope != "local" or buf.size != 1 or buf.dtype not in ("float32", "float64"):
+        return False
+    if not (isinstance(v, BinaryOp) and v.op == "add"):
+        return False
+    return any(isinstance(x, Load) and x.buffer.data is buf.data for x in (v.a, v.b))
+
+
+def _contract(v: Any) -> Any:
+    # allow a*b+c to become one FMA (what gcc's -ffp-contract=fast does); no other fast-math
+    if isinstance(v, ir.Instruction) and "contract" not in v.flags:
+        v.flags.append("contract")
+    return v
+
+
+class _LLMathEmitter:
+    """:class:`kiln.codegen.vmath.MathEmitter` building LLVM IR over ``float`` or ``<w x float>``."""
+
+    def __init__(self, b: ir.IRBuilder, w: int) -> None:
+        self.b, self.w = b, w
+        self.ft = F32 if w == 1 else ir.VectorType(F32, w)
+        self.it = I32 if w == 1 else ir.VectorType(I32, w)
+
+    def c(self, v: float) -> Any:
+        return ir.Constant(self.ft, v if self.w == 1 else [v] * self.w)
+
+    def ic(self, v: int) -> Any:
+        return ir.Constant(self.it, v if self.w == 1 else [v] * self.w)
+
+    def add(self, a: Any, b: Any) -> Any:
+        return _contract(self.b.fadd(a, b))
+
+    def sub(self, a: Any, b: Any) -> Any:
+        return _contract(self.b.fsub(a, b))
+
+    def mul(self, a: Any, b: Any) -> Any:
+        return _contract(self.b.fmul(a, b))
+
+    def div(self, a: Any, b: Any) -> Any:
+        return self.b.fdiv(a, b)
+
+    def lt(self, a: Any, b: Any) -> Any:
+        return self.b.fcmp_ordered("<", a, b)
+
+    def isnan(self, a: Any) -> Any:
+        return self.b.fcmp_unordered("uno", a, a)
+
+    def sel(self, m: Any, a: Any, b: Any) -> Any:
+        return self.b.select(m, a, b)
+
+    def f2i(self, a: Any) -> Any:
+        return self.b.fptosi(a, self.it)
+
+    def bits(self, a: Any) -> Any:
+        return self.b.bitcast(a, self.it)
+
+    def from_bits(self, i: Any) -> Any:
+        return self.b.bitcast(i, self.ft)
+
+    def iadd(self, a: Any, b: Any) -> Any:
+        return self.b.add(a, b)
+
+    def isub(self, a: Any, b: Any) -> Any:
+        return self.b.sub(a, b)
+
+    def iand(self, a: Any, b: Any) -> Any:
+        return self.b.and_(a, b)
+
+    def ior(self, a: Any, b: Any) -> Any:
+        return self.b.or_(a, b)
+
+    def ishl(self, a: Any, n: int) -> Any:
+        return self.b.shl(a, self.ic(n))
+
+    def ishr(self, a: Any, n: int) -> Any:
+        return self.b.ashr(a, self.ic(n))
 
 
 def _opaque(v: Any) -> Any:

@@ -19,6 +19,7 @@ from ..runtime.errors import CompileError, KilnError
 from ..runtime.module import Module, PackedFunction
 from ..tir.stmt import PrimFunc
 from . import cache
+from .c import target_vector_bytes
 from .llvm import LLVMCodeGen
 
 __all__ = ["LLVMModule", "build_llvm", "generate_llvm_ir", "target_machine"]
@@ -58,6 +59,7 @@ def generate_llvm_ir(funcs: Sequence[PrimFunc], target: Any) -> tuple[str, list[
     tm = target_machine(target)
     triple = target.attrs.get("mtriple") or llvm.get_process_triple()
     cg = LLVMCodeGen(triple, str(tm.target_data))
+    cg.vector_bytes = target_vector_bytes(target)
     for f in funcs:
         cg.add_function(f)
     return cg.finish(), list(cg.func_names)

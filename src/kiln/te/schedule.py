@@ -12,7 +12,29 @@ from typing import Any, Iterable, Sequence
 from ..runtime.errors import CompileError
 from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor
 
-__all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "inline_injective"]
+__all__ = ["Schedule", "Stage", "Split", "Fuse", "create_schedule", "inline_injective", "thread_axis"]
+
+#: GPU thread tags :meth:`Stage.bind` accepts (work-group / work-item indices per dimension).
+THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+def thread_axis(tag: str) -> IterVar:
+    """A GPU thread index to :meth:`Stage.bind` a loop to (TVM's ``te.thread_axis``).
+
+    Parameters
+    ----------
+    tag : str
+        One of ``blockIdx.{x,y,z}`` (work-group index) or ``threadIdx.{x,y,z}`` (work-item
+        index within the group).
+
+    Returns
+    -------
+    IterVar
+        An iteration variable of type ``"thread"`` whose name is the tag.
+    """
+    if tag not in THREAD_TAGS:
+        raise CompileError(f"thread_axis: unknown thread tag {tag!r}; expected one of {', '.join(THREAD_TAGS)}")
+    return IterVar((0, 0), tag, "thread")
 
 
 class Split:
@@ -53,6 +75,7 @@ class Stage:
         self.all_iter_vars: list[IterVar] = list(self.root_iter_vars)
         self.relations: list[Split | Fuse] = []
         self.iter_var_attrs: dict[IterVar, str] = {}
+        self.thread_bindings: dict[IterVar, str] = {}  # leaf IterVar -> thread tag (see bind)
         self.attach_type = "placeholder" if isinstance(op, PlaceholderOp) else "root"
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
@@ -166,6 +189,24 @@ class Stage:
     def unroll(self, iv: IterVar) -> None:
         """Fully unroll the loop."""
         self._annotate(iv, "unrolled")
+
+    def bind(self, iv: IterVar, thread_iv: IterVar | str) -> None:
+        """Run the loop's iterations as GPU work-groups / work-items (``thread_axis``).
+
+        The loop disappears from the kernel: its variable becomes the thread index, and the
+        launch size of the tag is the loop's extent (the GPU code generators read it).
+        ``thread_iv`` may also be the tag itself (``"threadIdx.x"``). CPU code generators
+        run a bound loop as an ordinary serial loop.
+        """
+        if isinstance(thread_iv, str):
+            thread_iv = thread_axis(thread_iv)
+        if not isinstance(thread_iv, IterVar) or thread_iv.iter_type != "thread":
+            raise CompileError(f"bind on stage {self.op.name}: second argument must be te.thread_axis(tag), "
+                               f"got {thread_iv!r}")
+        if iv.iter_type == IterVar.REDUCE:
+            raise CompileError(f"bind on stage {self.op.name}: {iv.name} is a reduction axis")
+        self._annotate(iv, "thread_binding")
+        self.thread_bindings[iv] = thread_iv.name
 
     def compute_inline(self) -> None:
         """Substitute this stage's expression into its consumers (no loop nest, no buffer)."""

@@ -112,7 +112,7 @@ class _Lowerer:
         for st in sch.stages:
             if st.attach_type == "scope":
                 rd = self.readers.get(id(st.op), [])
-                if rd != [st.attach_stage]:
+                if rd != [st.attach_stage] and not self._nested_reader_ok(st, rd):
                     who = ", ".join(r.op.name for r in rd) or "nothing"
                     raise CompileError(
                         f"lower {name}: {st.op.name} is compute_at {st.attach_stage.op.name} but is read by {who}; "
@@ -120,6 +120,45 @@ class _Lowerer:
                 if any(t in self.tmap for t in st.op.outputs):
                     raise CompileError(f"lower {name}: argument {st.op.name} cannot be compute_at another stage")
                 self.attached.setdefault(id(st.attach_stage), {}).setdefault(st.attach_ivar, []).append(st)
+
+    def _nested_reader_ok(self, st: Any, readers: list[Any]) -> bool:
+        """True when ``st``'s only reader is a stage attached to the same stage, at the same
+        or a deeper loop, and declared after ``st`` (so ``st``'s nest runs first).
+
+        This is what a GEMM needs: the packed panel of B is built per column block, read by
+        the accumulation stage that is attached one loop further in."""
+        if len(readers) != 1:
+            return False
+        r = readers[0]
+        host = st.attach_stage
+        if r.attach_type != "scope" or r.attach_stage is not host:
+            return False
+        leaves = list(host.leaf_iter_vars)
+        if st.attach_ivar not in leaves or r.attach_ivar not in leaves:
+            return False
+        stages = list(self.sch.stages)
+        return (leaves.index(r.attach_ivar) >= leaves.index(st.attach_ivar)
+                and stages.index(st) < stages.index(r))
+
+    def _reader_accesses(self, reader: Any, raw: list[PrimExpr], lvars: list[Var], exts: list[int], level: int,
+                         ranges: dict[Var, tuple[float, float]]) -> tuple[list[PrimExpr], dict[Var, tuple[int, int]]]:
+        """The attached ``reader``'s bodies in its host's coordinates, plus the ranges of the
+        variables introduced for its own loops (its axes as region offset + local index)."""
+        rlevel = list(reader.attach_stage.leaf_iter_vars).index(reader.attach_ivar)
+        region = self._infer_region(reader, raw, lvars, exts, rlevel, ranges)
+        vmap: dict[Var, PrimExpr] = {}
+        extra: dict[Var, tuple[int, int]] = {}
+        for iv, (lo, n) in zip(reader.op.axis, region):
+            u = Var(self._uniq(iv.var.name + "_loc"), "int32")
+            extra[u] = (0, n - 1)
+            vmap[iv.var] = lo + u
+        for iv in reader.op.reduce_axis:
+            extra[iv.var] = (int(iv.dom_min), int(iv.dom_min) + iv.dom_extent - 1)
+        bodies = []
+        for b in self.bodies[id(reader.op)]:
+            b = substitute(b, vmap)
+            bodies.append(b.source if isinstance(b, Reduce) else b)
+        return bodies, extra
 
     def _uniq(self, base: str) -> str:
         base = re.sub(r"[^A-Za-z0-9_]", "_", base) or "v"
@@ -175,6 +214,7 @@ class _Lowerer:
         lvars = [Var(self._uniq(iv.name.replace(".", "_")), "int32") for iv in leaves]
         exts = [ext[iv] for iv in leaves]
         kinds = [st.iter_var_attrs.get(iv, "serial") for iv in leaves]
+        tags = [getattr(st, "thread_bindings", {}).get(iv) for iv in leaves]
         ranges = dict(outer)
         for v, e in zip(lvars, exts):
             ranges[v] = (0, e - 1)
@@ -239,7 +279,8 @@ class _Lowerer:
                 conds = []
                 for c in by_level.get(pos, []):
                     bound = _as_extent_bound(c, v, ana)
-                    if bound is not None and kinds[lvl] != "unrolled":
+                    # a thread-bound loop keeps its constant extent: it is the launch size
+                    if bound is not None and kinds[lvl] not in ("unrolled", "thread_binding"):
                         extent = binary("min", extent, bound)
                     else:
                         conds.append(c)
@@ -251,7 +292,8 @@ class _Lowerer:
                 if with_children:
                     for cbuf, cnest in reversed(children.get(lvl, [])):
                         body = Allocate(cbuf, seq(cnest, body))
-                body = For(v, 0, extent, kinds[lvl], body)
+                body = For(v, 0, extent, kinds[lvl], body,
+                           {"thread_tag": tags[lvl]} if tags[lvl] else None)
             if by_level.get(-1):
                 cond = by_level[-1][0]
                 for c in by_level[-1][1:]:
@@ -316,10 +358,33 @@ class _Lowerer:
                    ranges: dict[Var, tuple[float, float]]) -> tuple[Buffer, Stmt]:
         """Region inference + loop nest of a stage attached at ``lvars[level]``."""
         cop = child.op
+        region = self._infer_region(child, raw, lvars, exts, level, ranges)
+        inner = {v: (0, e - 1) for v, e in zip(lvars[level + 1:], exts[level + 1:])}
+        bufs = []
+        for t in cop.outputs:
+            b = Buffer(self._uniq(t.name), [e for _, e in region], t.dtype)
+            self.tmap[t] = (b, [lo for lo, _ in region])
+            bufs.append(b)
+        outer = {v: r for v, r in ranges.items() if v not in inner}
+        nest = self.stage_nest(child, region, bufs, outer)
+        if len(bufs) > 1:
+            raise CompileError(f"compute_at of multi-output operation {cop.name} is not supported")
+        return bufs[0], nest
+
+    def _infer_region(self, child: Any, raw: list[PrimExpr], lvars: list[Var], exts: list[int], level: int,
+                      ranges: dict[Var, tuple[float, float]]) -> list[tuple[PrimExpr, int]]:
+        """The region of ``child`` its readers need inside loop ``lvars[level]``."""
+        cop = child.op
         t0 = cop.output(0)
         inner = {v: (0, e - 1) for v, e in zip(lvars[level + 1:], exts[level + 1:])}
         ana = Analyzer()
         ana.ranges.update(ranges)
+        rd = self.readers.get(id(cop), [])
+        if rd and rd[0] is not child.attach_stage:
+            # read by a sibling attached deeper (see _nested_reader_ok): use its accesses
+            raw, extra = self._reader_accesses(rd[0], raw, lvars, exts, level, ranges)
+            inner.update(extra)
+            ana.ranges.update(extra)
         accesses: list[tuple[PrimExpr, ...]] = []
         for b in raw:
             for pl in _loads(b):
@@ -351,16 +416,7 @@ class _Lowerer:
                     continue
                 extent = const(int(ub))
             region.append((lo, max(1, int(extent.value))))
-        bufs = []
-        for t in cop.outputs:
-            b = Buffer(self._uniq(t.name), [e for _, e in region], t.dtype)
-            self.tmap[t] = (b, [lo for lo, _ in region])
-            bufs.append(b)
-        outer = {v: r for v, r in ranges.items() if v not in inner}
-        nest = self.stage_nest(child, region, bufs, outer)
-        if len(bufs) > 1:
-            raise CompileError(f"compute_at of multi-output operation {cop.name} is not supported")
-        return bufs[0], nest
+        return region
 
 
 def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer) -> PrimExpr | None:

@@ -14,6 +14,7 @@ Typical pipeline (what the build driver runs)::
 """
 
 from .pipeline import Pass, Sequential, graph_pass
+from .alter_layout import AlterConvLayout, alter_conv_layout
 from .infer_type import InferType, infer_type
 from .fold_constant import (BindParams, DEFAULT_FOLD_LIMIT, FoldConstant, bind_params,
                             fold_constant)
@@ -23,18 +24,19 @@ from .simplify import (DeadCodeElimination, EliminateCommonSubexpr, MarkAlias, R
                        simplify_inference)
 
 
-def default_pipeline(params=None, opt_level: int = 2) -> Sequential:
-    """The standard graph pipeline: bind params, infer types, fold, simplify, fold again."""
+def default_pipeline(params=None, opt_level: int = 2, disabled=()) -> Sequential:
+    """The standard graph pipeline: bind params, infer types, fold, simplify, fold again, and
+    (opt_level 3) run conv chains in the blocked layout; ``disabled`` names passes to skip."""
     passes = []
     if params:
         passes.append(BindParams(params))
     passes += [InferType(), FoldConstant(), Simplify(opt_level), FoldConstant(),
-               DeadCodeElimination()]
-    return Sequential(passes, opt_level=opt_level, name="default_pipeline")
+               AlterConvLayout(), DeadCodeElimination()]
+    return Sequential(passes, opt_level=opt_level, disabled=disabled, name="default_pipeline")
 
 
 __all__ = [
-    "Pass", "Sequential", "graph_pass", "default_pipeline",
+    "Pass", "Sequential", "graph_pass", "default_pipeline", "AlterConvLayout", "alter_conv_layout",
     "InferType", "infer_type",
     "FoldConstant", "fold_constant", "BindParams", "bind_params", "DEFAULT_FOLD_LIMIT",
     "DeadCodeElimination", "EliminateCommonSubexpr", "MarkAlias", "RemoveIdentity", "Simplify",

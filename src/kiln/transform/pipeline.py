@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Iterable
 
@@ -64,7 +65,9 @@ class Sequential(Pass):
     opt_level : int
         Pipeline level (TVM convention: 0 = only required, 3 = everything).
     disabled : iterable of str
-        Names of passes to skip.
+        Names of passes to skip, in addition to those listed (comma-separated) in the
+        environment variable ``KILN_DISABLE_PASSES`` (e.g. ``AlterConvLayout``), which lets
+        a benchmark or a bug hunt turn a pass off without code changes.
     name : str
     trace : callable, optional
         ``trace(pass_name, graph, seconds)`` after every pass that ran (for debugging/timing).
@@ -75,7 +78,8 @@ class Sequential(Pass):
                  trace: Callable[[str, Graph, float], None] | None = None) -> None:
         self.passes = [p if isinstance(p, Pass) else Pass(p) for p in passes]
         self.pipeline_level = opt_level
-        self.disabled = set(disabled)
+        self.disabled = set(disabled) | {p.strip() for p in os.environ.get("KILN_DISABLE_PASSES", "").split(",")
+                                         if p.strip()}
         self.trace = trace
         super().__init__(self._run, name, 0)
 

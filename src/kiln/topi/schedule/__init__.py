@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .generic import schedule_injective, schedule_reduce
-from .x86 import schedule_conv2d, schedule_dense, schedule_matmul
+from .x86 import schedule_dense, schedule_matmul
+from .x86_conv import schedule_conv2d
 
 __all__ = ["schedule_injective", "schedule_reduce", "schedule_conv2d", "schedule_dense", "schedule_matmul"]

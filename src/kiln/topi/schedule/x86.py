@@ -1,4 +1,5 @@
-"""CPU schedules of the anchor ops: conv2d (+ depthwise), dense, matmul, pools.
+"""CPU schedules of the anchor ops dense and matmul, and helpers shared with ``x86_conv``
+(which holds the convolution schedules).
 
 All follow one shape: the group's output stage (the anchor's own ``*_out`` stage, or the
 fused epilogue that replaced it) is tiled into register blocks; the anchor's reduction is
@@ -16,13 +17,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
-from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
-from ..nn.dense import DENSE_PACK_BN, TAG_DENSE, TAG_DENSE_PACK, TAG_MATMUL
+from ..nn.dense import DENSE_PACK_BN, TAG_DENSE, TAG_DENSE_GEMV, TAG_DENSE_PACK, TAG_MATMUL
 from ..registry import register_schedule
 from ..util import prod
 from .generic import PARALLEL_MIN, finalize, prepare, readers_after_inline, schedule_injective_stage
 
-__all__ = ["schedule_conv2d", "schedule_dense", "schedule_matmul", "vector_lanes"]
+__all__ = ["schedule_dense", "schedule_matmul", "vector_lanes"]
 
 
 def vector_lanes(target: Any) -> int:
@@ -68,70 +68,23 @@ def _keep_root_helpers(s: te.Schedule, handled: set[int]) -> None:
             handled.add(id(st.op))
 
 
-# ----------------------------------------------------------------------------- conv2d
-def _conv_tiles(out: te.Stage, anchor: te.Stage, depthwise: bool, lanes: int) -> None:
-    n, k, y, x = out.op.axis
-    kk, oh, ow = k.dom_extent, y.dom_extent, x.dom_extent
-    kt = 1 if depthwise else min(4, kk)
-    xt = min(2 * lanes, ow) if ow >= 2 * lanes else min(lanes, ow)
-    ko, ki = out.split(k, factor=kt)
-    xo, xi = out.split(x, factor=xt)
-    out.reorder(n, ko, y, xo, ki, xi)
-    outer = out.fuse(n, ko, y)
-    work = prod(iv.dom_extent for iv in anchor.op.axis) * max(1, prod(iv.dom_extent for iv in anchor.op.reduce_axis))
-    if work >= PARALLEL_MIN and n.dom_extent * kk * oh > 1:
-        out.parallel(outer)
-    out.vectorize(xi)
-    anchor.compute_at(out, xo)
-    cn, ck, cy, cx = anchor.op.axis
-    red = list(anchor.op.reduce_axis)
-    anchor.reorder(cn, cy, *red, ck, cx)
-    if kt > 1:
-        anchor.unroll(ck)
-    anchor.vectorize(cx)
-
-
-def _conv_root(anchor: te.Stage, lanes: int) -> None:
-    """Anchor without a fusable epilogue: plain parallel loops, reduction innermost."""
-    n, k, y, x = anchor.op.axis
-    outer = anchor.fuse(n, k, y)
-    work = prod(iv.dom_extent for iv in anchor.op.axis) * max(1, prod(iv.dom_extent for iv in anchor.op.reduce_axis))
-    if work >= PARALLEL_MIN:
-        anchor.parallel(outer)
-
-
-def _make_conv_schedule(lanes_of: Any) -> Any:
-    def schedule_conv2d(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
-        """conv2d / depthwise / transposed conv with a fused epilogue (bias, activation, residual)."""
-        s = prepare(outs)
-        lanes = lanes_of(target)
-        anchor = _find(s, (TAG_CONV2D, TAG_DEPTHWISE, TAG_CONV2D_T))
-        handled: set[int] = set()
-        if anchor is not None:
-            out = _single_output_epilogue(s, anchor)
-            if out is not None:
-                _conv_tiles(out, anchor, anchor.op.tag != TAG_CONV2D, lanes)
-                handled.update({id(out.op), id(anchor.op)})
-            else:
-                _conv_root(anchor, lanes)
-                handled.add(id(anchor.op))
-        _keep_root_helpers(s, handled)
-        return finalize(s, handled)
-
-    return schedule_conv2d
-
-
 # ----------------------------------------------------------------------------- dense / matmul
-def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int) -> None:
-    """Register-tile the last two output axes (rows ``mt`` × columns ``nt``); batch axes parallel."""
+def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stage | None = None) -> None:
+    """Register-tile the last two output axes (rows ``mt`` × columns ``nt``).
+
+    Loop order ``batch, n-block, m-block, tile``: the parallel loop runs over (batch,
+    column block) pairs, and a column block's packed ``B`` panel (``pack``, built right
+    there by ``compute_at``) stays in L1/L2 while every row block streams past it.
+    """
     axes = list(out.op.axis)
     n = axes[-1]
     nn = n.dom_extent
     nt = min(nt, nn)
+    work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in anchor.op.reduce_axis))
     if len(axes) == 1:
         no, ni = out.split(n, factor=nt)
         out.vectorize(ni)
-        if nn * max(1, prod(iv.dom_extent for iv in anchor.op.reduce_axis)) >= PARALLEL_MIN and nn > nt:
+        if work >= PARALLEL_MIN and nn > nt:
             out.parallel(no)
         anchor.compute_at(out, no)
         (dn,) = anchor.op.axis
@@ -144,19 +97,40 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int) -> None:
     mt = min(mt, mm)
     mo, mi = out.split(m, factor=mt)
     no, ni = out.split(n, factor=nt)
-    out.reorder(*batch, mo, no, mi, ni)
-    par = out.fuse(*batch, mo) if batch else mo
-    work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in anchor.op.reduce_axis))
+    out.reorder(*batch, no, mo, mi, ni)
+    par = out.fuse(*batch, no) if batch else no
     if work >= PARALLEL_MIN:
         out.parallel(par)
+    if mt > 1:
+        # constant row indices everywhere the accumulator tile is touched, so it can live in
+        # registers (LLVM's SROA only splits an array indexed by constants)
+        out.unroll(mi)
     out.vectorize(ni)
-    anchor.compute_at(out, no)
+    anchor.compute_at(out, mo)
     da = list(anchor.op.axis)
     dm, dn = da[-2], da[-1]
     anchor.reorder(*da[:-2], *anchor.op.reduce_axis, dm, dn)
     if mt > 1:
         anchor.unroll(dm)
     anchor.vectorize(dn)
+    if pack is not None:
+        pack.compute_at(out, par)
+        pack.vectorize(pack.op.axis[-1])
+
+
+def _gemv_tiles(out: te.Stage, anchor: te.Stage, part: te.Stage) -> None:
+    """One output element per iteration; its ``lanes`` partial sums live in one register tile."""
+    axes = list(out.op.axis)
+    fused = out.fuse(*axes) if len(axes) > 1 else axes[0]
+    work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in part.op.reduce_axis)) * \
+        part.op.axis[-1].dom_extent
+    if work >= PARALLEL_MIN:
+        out.parallel(fused)
+    anchor.compute_at(out, fused)
+    part.compute_at(anchor, anchor.op.axis[-1])
+    pa = list(part.op.axis)
+    part.reorder(*pa[:-1], *part.op.reduce_axis, pa[-1])
+    part.vectorize(pa[-1])
 
 
 def _make_gemm_schedule(tags: tuple[str, ...], tiles_of: Any) -> Any:
@@ -168,13 +142,24 @@ def _make_gemm_schedule(tags: tuple[str, ...], tiles_of: Any) -> Any:
         if anchor is not None:
             out = _single_output_epilogue(s, anchor)
             mt, nt = tiles_of(target)
-            if anchor.op.tag == TAG_DENSE and anchor.op.attrs.get("packed"):
+            packed = bool(anchor.op.attrs.get("packed"))
+            if packed:
                 # columns must be whole panels so n // bn and n % bn simplify away
-                nt = DENSE_PACK_BN
-            if out is not None:
-                _gemm_tiles(out, anchor, mt, nt)
+                nt = int(anchor.op.attrs.get("bn", DENSE_PACK_BN))
+            elif len(anchor.op.axis) >= 2 and anchor.op.axis[-2].dom_extent <= 3:
+                # few-row product (GEMV-like): a wide row of accumulators hides the FMA latency
+                nt = 4 * nt
+            pack = _find(s, (TAG_DENSE_PACK,)) if packed else None
+            part = _find(s, (TAG_DENSE_GEMV,)) if anchor.op.attrs.get("gemv") else None
+            if out is not None and part is not None:
+                _gemv_tiles(out, anchor, part)
+                handled.update({id(out.op), id(anchor.op), id(part.op)})
+            elif out is not None:
+                attach = pack is not None and len(out.op.axis) >= 2 and pack.attach_type == "root"
+                _gemm_tiles(out, anchor, mt, nt, pack if attach else None)
                 handled.update({id(out.op), id(anchor.op)})
-            pack = _find(s, (TAG_DENSE_PACK,))
+                if attach:
+                    handled.add(id(pack.op))
             if pack is not None and pack.attach_type == "root":
                 schedule_injective_stage(s, pack)
                 handled.add(id(pack.op))
@@ -185,23 +170,18 @@ def _make_gemm_schedule(tags: tuple[str, ...], tiles_of: Any) -> Any:
 
 
 def _default_gemm_tiles(target: Any) -> tuple[int, int]:
-    return 4, 32
+    return 4, 16
 
 
 def _x86_gemm_tiles(target: Any) -> tuple[int, int]:
-    # 4 rows x 32 columns of accumulators (16 ymm on AVX2; measured best of 2..8 x 16..64 for
-    # 1024^3 with the C codegen: ~50 GFLOP/s on one Zen core); AVX-512 doubles the columns.
-    lanes = vector_lanes(target)
-    return 4, 4 * lanes
+    # 6 rows x 16 columns: 12 ymm accumulators + 2 for the B row + 1 broadcast A value of the
+    # 16 AVX2 registers (the classic Zen/Haswell SGEMM micro-kernel shape).
+    return 6, 16
 
 
-schedule_conv2d = _make_conv_schedule(lambda t: 8)
 schedule_dense = _make_gemm_schedule((TAG_DENSE,), _default_gemm_tiles)
 schedule_matmul = _make_gemm_schedule((TAG_MATMUL,), _default_gemm_tiles)
 
-for _op in ("conv2d", "conv2d_transpose"):
-    register_schedule(_op, "generic", schedule_conv2d)
-    register_schedule(_op, ["c", "llvm"], _make_conv_schedule(vector_lanes))
 register_schedule("dense", "generic", schedule_dense)
 register_schedule("matmul", "generic", schedule_matmul)
 register_schedule("dense", ["c", "llvm"], _make_gemm_schedule((TAG_DENSE,), _x86_gemm_tiles))

@@ -1,0 +1,140 @@
+"""AlterConvLayout: conv chains move to NCHW[x]c with layout transforms only at the chain's
+edges, weights re-stored at build time, and the built model computes what the NCHW graph does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.driver.build import optimize
+from kiln.ir import Graph, evaluate
+from kiln.transform import Sequential, alter_conv_layout
+from kiln.transform.alter_layout import AlterConvLayout, choose_in_block, choose_out_block
+
+F32 = "float32"
+
+
+def _rand(rng: np.random.Generator, *shape: int, scale: float = 0.3) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(F32)
+
+
+def _block_net(rng: np.random.Generator) -> tuple[Graph, dict[str, np.ndarray]]:
+    """Residual block + pool + 1x1 + depthwise stride 2 + scalar / per-channel ops + global mean.
+
+    Channel counts (12, 24, 40) and widths (13, 7, 4) are deliberately not multiples of 8/16.
+    """
+    g = Graph()
+    x = g.add_input("x", (1, 12, 13, 13))
+    p = {"w1": _rand(rng, 24, 12, 3, 3), "b1": _rand(rng, 24), "w2": _rand(rng, 24, 24, 3, 3),
+         "b2": _rand(rng, 24), "w3": _rand(rng, 40, 24, 1, 1), "w4": _rand(rng, 40, 1, 3, 3),
+         "s": _rand(rng, 1, 40, 1, 1)}
+    ins = {k: g.add_input(k, v.shape) for k, v in p.items()}
+    y1 = g.add("relu", g.add("bias_add", g.add("conv2d", x, ins["w1"], padding=(1, 1, 1, 1)), ins["b1"]))
+    y2 = g.add("bias_add", g.add("conv2d", y1, ins["w2"], padding=(1, 1, 1, 1)), ins["b2"])
+    y = g.add("relu", g.add("add", y2, y1))
+    y = g.add("max_pool2d", y, pool_size=(2, 2), strides=(2, 2))
+    y = g.add("conv2d", y, ins["w3"])
+    y = g.add("conv2d", y, ins["w4"], groups=40, strides=(2, 2), padding=(1, 1, 1, 1))
+    y = g.add("clip", y, a_min=0.0, a_max=6.0)
+    y = g.add("multiply", y, g.add_constant(np.array(0.5, F32)))
+    y = g.add("add", y, ins["s"])
+    g.outputs = [g.add("reduce_mean", y, axes=(2, 3), keepdims=True), y]
+    return g, p
+
+
+def _run(g: Graph, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    lib = kiln.build(g, target="llvm", params=params)
+    gm = kiln.GraphModule(lib["default"](kiln.cpu()))
+    gm.set_input(**inputs)
+    gm.run()
+    return [gm.get_output(i).numpy() for i in range(gm.get_num_outputs())]
+
+
+def test_block_net_layout_and_values(monkeypatch: Any) -> None:
+    rng = np.random.default_rng(0)
+    g, params = _block_net(rng)
+    opt = optimize(g, params)
+    ops = opt.op_counts()
+    assert ops.get("conv2d", 0) == 0 and ops["conv2d_nchwc"] == 4
+    # edges only: into the first conv and out for the reduce / graph output (max_pool stays blocked)
+    lts = [(n.attrs["src_layout"], n.attrs["dst_layout"]) for n in opt.nodes if n.op == "layout_transform"]
+    assert lts == [("NCHW", "NCHW12c"), ("NCHW8c", "NCHW")], lts
+    assert ops["max_pool2d_nchwc"] == 1
+    # weights were re-stored at build time: every conv2d_nchwc weight is a constant node
+    for n in opt.nodes:
+        if n.op == "conv2d_nchwc":
+            assert n.inputs[1].is_constant and len(n.inputs[1].shape) == 6
+    x = _rand(rng, 1, 12, 13, 13, scale=1.0)
+    want = evaluate(g, {"x": x}, params)
+    got = _run(g, params, {"x": x})
+    monkeypatch.setenv("KILN_DISABLE_PASSES", "AlterConvLayout")
+    plain = _run(g, params, {"x": x})
+    for a, b, c in zip(got, want, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
+
+
+def test_disable_by_env_and_by_name(monkeypatch: Any) -> None:
+    g, params = _block_net(np.random.default_rng(1))
+    monkeypatch.setenv("KILN_DISABLE_PASSES", "AlterConvLayout")
+    assert "conv2d_nchwc" not in optimize(g, params).op_counts()
+    monkeypatch.delenv("KILN_DISABLE_PASSES")
+    assert "conv2d_nchwc" not in optimize(g, params, opt_level=2).op_counts()
+    seq = Sequential([AlterConvLayout()], opt_level=3, disabled=["AlterConvLayout"])
+    assert seq(g) is g
+
+
+def test_ineligible_convs_stay_nchw() -> None:
+    """Grouped (non-depthwise) convs and 3 output channels keep the NCHW kernel."""
+    rng = np.random.default_rng(2)
+    g = Graph()
+    x = g.add_input("x", (1, 8, 6, 7))
+    y = g.add("conv2d", x, g.add_constant(_rand(rng, 8, 4, 3, 3)), groups=2)
+    y = g.add("conv2d", y, g.add_constant(_rand(rng, 3, 8, 1, 1)))
+    g.outputs = [y]
+    assert alter_conv_layout(g).op_counts().get("conv2d_nchwc", 0) == 0
+
+
+def test_runtime_weight_and_mixed_blocks() -> None:
+    """A weight that is a graph input is packed by a layout_transform node; a residual add of
+    two different blocks re-blocks one operand; values match the reference interpreter."""
+    rng = np.random.default_rng(3)
+    g = Graph()
+    x = g.add_input("x", (1, 16, 8, 8))
+    w = g.add_input("w", (16, 16, 1, 1))
+    a = g.add("conv2d", x, w)                                  # ow 8 -> block 16
+    a = g.add("conv2d", a, g.add_constant(_rand(rng, 16, 1, 2, 2)), groups=16)  # depthwise keeps 16
+    b = g.add("conv2d", g.add_input("x2", (1, 16, 7, 7)), g.add_constant(_rand(rng, 16, 16, 1, 1)))  # block 8
+    g.outputs = [g.add("add", a, b)]
+    new = alter_conv_layout(g)
+    kinds = [(n.attrs["src_layout"], n.attrs["dst_layout"]) for n in new.nodes if n.op == "layout_transform"]
+    assert ("OIHW", "OIHW16i16o") in kinds and ("NCHW8c", "NCHW16c") in kinds
+    assert ("NCHW16c", "NCHW") in kinds and len(kinds) == 5, kinds
+    inputs = {"x": _rand(rng, 1, 16, 8, 8, scale=1.0), "w": _rand(rng, 16, 16, 1, 1),
+              "x2": _rand(rng, 1, 16, 7, 7, scale=1.0)}
+    np.testing.assert_allclose(evaluate(new, inputs)[0], evaluate(g, inputs)[0], rtol=1e-5, atol=1e-5)
+    lib = kiln.build(g, target="llvm")
+    gm = kiln.GraphModule(lib["default"](kiln.cpu()))
+    gm.set_input(**inputs)
+    gm.run()
+    np.testing.assert_allclose(gm.get_output(0).numpy(), evaluate(g, inputs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_graph_without_conv_is_returned_unchanged() -> None:
+    g = Graph()
+    x = g.add_input("x", (2, 3))
+    g.outputs = [g.add("relu", x)]
+    assert alter_conv_layout(g) is g
+
+
+@pytest.mark.parametrize("o,ow,want", [(64, 56, 16), (256, 14, 8), (512, 7, 8), (96, 28, 16), (24, 56, 8),
+                                       (20, 13, 10), (3, 5, 3)])
+def test_choose_out_block(o: int, ow: int, want: int) -> None:
+    assert choose_out_block(o, ow) == want
+
+
+def test_choose_in_block() -> None:
+    assert [choose_in_block(c) for c in (3, 16, 24, 12, 17)] == [3, 16, 8, 12, 1]
