@@ -127,9 +127,9 @@ def test_errors_name_the_stage():
 
 def test_official_backend_test_runner(request):
     """The same backend under onnx's own ``BackendTest`` runner (it generates every node case
-    on construction, ~12 s, hence slow-gated)."""
+    on construction, ~12 s; left out of quick runs)."""
     if not node_cases.run_slow(request.config):
-        pytest.skip("slow: set KILN_NODE_SUITE_ALL=1 or run with -m slow")
+        pytest.skip("slow: left out by KILN_NODE_SUITE_FAST=1 / -m \"not slow\"")
     import warnings
 
     import onnx.backend.test
