@@ -59,7 +59,7 @@ def log(msg: str) -> None:
 
 
 def kiln_build(name: str, onnx_path: Path, inputs: dict[str, np.ndarray], target: str, so_path: Path,
-               reuse: bool) -> dict[str, Any]:
+               reuse: bool, tuning_log: str | None = None) -> dict[str, Any]:
     """Import, build, export, load; returns timings, stats and the loaded factory module."""
     import kiln
 
@@ -70,7 +70,8 @@ def kiln_build(name: str, onnx_path: Path, inputs: dict[str, np.ndarray], target
         t0 = time.perf_counter()
         mod, params = kiln.frontend.from_onnx(str(onnx_path), shape={k: v.shape for k, v in inputs.items()})
         t1 = time.perf_counter()
-        factory = kiln.build(mod, target=target, params=params)
+        factory = kiln.build(mod, target=target, params=params,
+                             **({"tuning_log": tuning_log} if tuning_log else {}))
         t2 = time.perf_counter()
         so_path.parent.mkdir(parents=True, exist_ok=True)
         factory.export_library(str(so_path))
@@ -79,7 +80,8 @@ def kiln_build(name: str, onnx_path: Path, inputs: dict[str, np.ndarray], target
         get_stats = getattr(factory, "get_stats", None)
         if callable(get_stats):
             st = get_stats()
-            res["stats"] = {k: st[k] for k in ("num_ops", "num_groups", "num_kernel_calls", "num_functions")
+            res["stats"] = {k: st[k] for k in ("num_ops", "num_groups", "num_kernel_calls", "num_functions",
+                                               "tuned_kernels")
                             if k in st}
             res["stages"] = st.get("timings", {})
         del factory, mod, params
@@ -228,6 +230,14 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             res["errors"]["kiln"] = f"{type(err).__name__}: {err}"
             res["errors"]["kiln_tb"] = traceback.format_exc()
             log(f"[{name}] kiln FAILED: {type(err).__name__}: {err}")
+    # --tuning-log: a second Kiln engine built with the log, timed interleaved with the others
+    ktr = None
+    if kr is not None and getattr(args, "tuning_log", None):
+        bt = kiln_build(name, onnx_path, inputs, args.target, out_dir / "kiln" / f"{name}.tuned.so", False,
+                        tuning_log=args.tuning_log)
+        ktr = KilnRunner(bt.pop("loaded"), inputs)
+        res["build_tuned"] = bt
+        log(f"[{name}] kiln_tuned: built with {args.tuning_log} ({bt.get('stats', {}).get('tuned_kernels')} tuned kernels)")
 
     for n in threads:
         log(f"[{name}] threads={n}")
@@ -246,6 +256,10 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 tr["kiln_threads_reported"] = kr.set_threads(n)
                 tr["check"]["kiln"] = _check(kr(), ref)
                 engines.append(common.Engine("kiln", kr, before=lambda n=n: kr.set_threads(n)))
+                if ktr is not None:
+                    ktr.set_threads(n)
+                    tr["check"]["kiln_tuned"] = _check(ktr(), ref)
+                    engines.append(common.Engine("kiln_tuned", ktr, before=lambda n=n: ktr.set_threads(n)))
             except Exception as err:  # noqa: BLE001
                 res["errors"]["kiln"] = f"{type(err).__name__}: {err}"
                 log(f"[{name}] kiln run FAILED: {type(err).__name__}: {err}")
@@ -269,6 +283,10 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 tr["kiln_over_ort"] = med["kiln"] / med["ort"]
             if "torch" in med:
                 tr["kiln_over_torch"] = med["kiln"] / med["torch"]
+            if "kiln_tuned" in med:
+                tr["kiln_tuned_over_kiln"] = med["kiln_tuned"] / med["kiln"]
+                if "ort" in med:
+                    tr["kiln_tuned_over_ort"] = med["kiln_tuned"] / med["ort"]
         for e in med:
             tr[f"{e}_gflops"] = res["gflop"] / (med[e] / 1e3)
         log(f"[{name}]   medians: " + ", ".join(f"{e} {v:.2f} ms" for e, v in med.items())
@@ -326,6 +344,14 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, info: dict[s
                  "'other load': the most CPU (in cores) that other processes used during any one round "
                  "of that row (this machine is shared; > ~0.2 means the row is contaminated, 2-thread "
                  "rows most).")
+    for r in results:  # --tuning-log: the kiln_tuned engine, timed interleaved with the others
+        for n, tr in r.get("threads", {}).items():
+            if "kiln_tuned_over_kiln" in tr:
+                lines.append(f"{r['model']} {n} thread(s), built with --tuning-log "
+                             f"({r.get('build_tuned', {}).get('stats', {}).get('tuned_kernels')} tuned kernels): "
+                             f"{tr['median_ms']['kiln_tuned']:.2f} ms, {tr['kiln_tuned_over_kiln']:.3f}x Kiln"
+                             + (f", {tr['kiln_tuned_over_ort']:.2f}x ORT" if "kiln_tuned_over_ort" in tr else "")
+                             + f"; check {tr['check'].get('kiln_tuned', {}).get('verdict', '?')}.")
     lines.append("Model FLOPs (Conv/Gemm/MatMul MACs x 2, batch 1): " + ", ".join(
         f"{r['model']} {r['gflop']:.3f} GFLOP" for r in results if "gflop" in r) + ".")
     tchecks = []
@@ -424,6 +450,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-ops", type=int, default=0, help="print the N slowest Kiln kernels per model")
     p.add_argument("--out", default=str(common.DEFAULT_OUT))
     p.add_argument("--reuse-build", action="store_true", help="reuse out/kiln/<model>.so if present")
+    p.add_argument("--tuning-log", default=None,
+                   help="also time a Kiln build that applies this `kiln tune` log (engine kiln_tuned)")
     p.add_argument("--write-results", action="store_true", help="update bench/RESULTS.md")
     p.add_argument("--json", help="also write all results as JSON here")
     p.add_argument("--in-process", action="store_true", help="no subprocess per model")

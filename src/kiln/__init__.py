@@ -35,6 +35,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "target": ("kiln.target", None),
     "codegen": ("kiln.codegen", None),
     "build": ("kiln.driver.build", "build"),
+    "driver": ("kiln.driver", None),
+    "autotune": ("kiln.autotune", None),
     "contrib": ("kiln.contrib", None),
 }
 

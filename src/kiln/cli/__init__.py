@@ -21,7 +21,7 @@ from ..runtime.errors import KilnError
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 #: Subcommand modules, in ``--help`` order (``kiln.cli.<name>_cmd``).
-SUBCOMMANDS: list[str] = ["build", "run", "bench", "inspect", "demo"]
+SUBCOMMANDS: list[str] = ["build", "run", "bench", "inspect", "demo", "tune"]
 
 
 def build_parser() -> argparse.ArgumentParser:

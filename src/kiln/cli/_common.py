@@ -373,7 +373,7 @@ class BuildResult:
 
 def build_model(model_path: str, *, target: str = "llvm", shapes: Mapping[str, Sequence[int]] | None = None,
                 opt_level: int = 3, link_params: bool = False, output: str | None = None,
-                progress: Progress | None = None) -> BuildResult:
+                progress: Progress | None = None, tuning_log: str | None = None) -> BuildResult:
     """Import, compile and (optionally) export ``model_path``; drives the progress display.
 
     Stages ``import`` and ``export`` are timed here; the stages inside ``kiln.build`` come
@@ -386,7 +386,8 @@ def build_model(model_path: str, *, target: str = "llvm", shapes: Mapping[str, S
         nops = sum(1 for n in graph.nodes if n.op != "constant")
         prog.details["import"] = f"{nops} ops, {len(params)} params"
 
-    factory = run_build(graph, params, prog, target=target, opt_level=opt_level, link_params=link_params)
+    extra: dict[str, Any] = {"tuning_log": tuning_log} if tuning_log else {}
+    factory = run_build(graph, params, prog, target=target, opt_level=opt_level, link_params=link_params, **extra)
     res = BuildResult(factory, graph, params, prog, ir_nodes=len(graph.nodes))
     if output:
         out_dir = os.path.dirname(os.path.abspath(output))

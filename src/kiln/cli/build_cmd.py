@@ -37,6 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="0 no fusion/folding, 1 fusion, 2-3 everything (default 3)")
     p.add_argument("--link-params", action="store_true",
                    help="compile the weights into the kernel code instead of the params blob")
+    p.add_argument("--tuning-log", default=None, metavar="LOG",
+                   help="apply the best configs of a `kiln tune` log (JSON lines) recorded for this target")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
@@ -51,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
     shapes = C.parse_input_shapes(args.input_shape)
     C.require_file(args.model, "ONNX model")
     C.check_target(args.target)
+    if args.tuning_log:
+        C.require_file(args.tuning_log, "tuning log")
     prog = C.Progress(enabled=not args.quiet)
     res = C.build_model(args.model, target=args.target, shapes=shapes, opt_level=args.opt_level,
-                        link_params=args.link_params, output=out, progress=prog)
+                        link_params=args.link_params, output=out, progress=prog, tuning_log=args.tuning_log)
     info = summarize(res, args)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -91,6 +95,8 @@ def summarize(res: Any, args: argparse.Namespace) -> dict[str, Any]:
         "params": {"count": len(params), "bytes": param_bytes,
                    "linked": bool(getattr(bstats, "linked_params", False))},
         "file_bytes": res.file_bytes,
+        "tuning_log": getattr(args, "tuning_log", None),
+        "tuned_kernels": getattr(bstats, "tuned_kernels", 0),
         "timings": {k: round(v, 6) for k, v in res.progress.timings.items()},
         "total_seconds": round(res.progress.total, 6),
     }
@@ -124,6 +130,10 @@ def format_summary(info: dict[str, Any]) -> str:
         f"{fmt_bytes(mem['no_reuse_bytes'])} without reuse ({saved:.0f}% saved); "
         f"inputs+params {fmt_bytes(mem['fixed_bytes'])}",
         f"  params        {prm['count']} tensors, {fmt_bytes(prm['bytes'])}, {where}",
+    ]
+    if info.get("tuning_log"):
+        lines.append(f"  tuning        {info['tuned_kernels']} kernels use tuned configs from {info['tuning_log']}")
+    lines += [
         f"  file          {info['output']}, {fmt_bytes(info['file_bytes'] or 0)}",
         f"  time          {fmt_seconds(info['total_seconds'])} total ({timings})",
     ]

@@ -57,13 +57,18 @@ class BuildStats:
     memory_plan: MemoryPlan
     timings: dict[str, float] = field(default_factory=dict)
     linked_params: bool = False
+    #: Distinct kernels whose schedule used a config from the tuning log.
+    tuned_kernels: int = 0
+    #: Convolutions whose channel block came from the tuning log.
+    tuned_layouts: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A plain dict (JSON-serializable)."""
         return {"num_ops": self.num_ops, "num_groups": self.num_groups,
                 "num_kernel_calls": self.num_kernel_calls, "num_functions": self.num_functions,
                 "memory": self.memory_plan.as_dict(), "timings": dict(self.timings),
-                "linked_params": self.linked_params}
+                "linked_params": self.linked_params, "tuned_kernels": self.tuned_kernels,
+                "tuned_layouts": self.tuned_layouts}
 
 
 #: ``progress(stage, event, info)`` — see :func:`build`.
@@ -164,7 +169,7 @@ def lower(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
 
 def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = None,
           mod_name: str = "default", link_params: bool = False, opt_level: int = 3,
-          progress: ProgressCallback | None = None, placement: Any = None) -> Any:
+          progress: ProgressCallback | None = None, placement: Any = None, tuning_log: Any = None) -> Any:
     """Compile a graph into an :class:`~kiln.runtime.ExecutorFactoryModule`.
 
     Parameters
@@ -197,6 +202,11 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
         ``codegen+compile``, ``graph_codegen``, ``link_params``, ``factory``), and
         ``"kernel"`` during ``lower`` with ``info`` = ``{"index", "total", "name"}`` after each
         fused group. Used by ``kiln build`` to draw its progress display.
+    tuning_log : str, os.PathLike or iterable of TuningRecord, optional
+        A log written by :func:`kiln.autotune.tune` (``kiln tune``): every kernel whose
+        workload has a valid record for this target (same kind and ``-mcpu``) uses the
+        recorded config with the smallest median time instead of the default. ``get_stats()["tuned_kernels"]``
+        counts them. See ``docs/tuning.md``.
 
     Returns
     -------
@@ -222,15 +232,26 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     originals = original_param_arrays(mod, params)
     # the blocked conv layout is tuned for CPU SIMD; GPU schedules want plain NCHW
     disabled = ("AlterConvLayout",) if dts.uses_accelerator else ()
-    with timer.stage("passes"):
-        graph = optimize(mod, params, opt_level, timer, disabled)
-    with timer.stage("fuse"):
-        fused = fuse_ops(graph, opt_level=opt_level)
-        fused, gdev = place_groups(fused, placement, dts)
-    with timer.stage("lower"):
-        lowered, cdev = lower_placed(
-            fused, gdev, dts, mod_name,
-            on_kernel=lambda i, n, name: timer.report("lower", "kernel", index=i, total=n, name=name))
+    tuning = _tuning_context(tuning_log, dts.primary)
+    tuned = {"kernels": 0, "hits": 0, "layouts": 0}
+
+    def on_kernel(i: int, n: int, name: str) -> None:
+        # a kernel is tuned when its lowering looked up a logged config
+        if tuning is not None and tuning.hits > tuned["hits"]:
+            tuned["kernels"] += 1
+            tuned["hits"] = tuning.hits
+        timer.report("lower", "kernel", index=i, total=n, name=name)
+
+    with tuning if tuning is not None else _no_context():
+        with timer.stage("passes"):
+            graph = optimize(mod, params, opt_level, timer, disabled)
+        if tuning is not None:
+            tuned["layouts"] = tuned["hits"] = tuning.hits
+        with timer.stage("fuse"):
+            fused = fuse_ops(graph, opt_level=opt_level)
+            fused, gdev = place_groups(fused, placement, dts)
+        with timer.stage("lower"):
+            lowered, cdev = lower_placed(fused, gdev, dts, mod_name, on_kernel=on_kernel)
     with timer.stage("codegen+compile"):
         if dts.uses_accelerator:
             lib = build_libraries(lowered, cdev, dts, _empty_lib)
@@ -259,6 +280,8 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
         memory_plan=res.memory_plan,
         timings=dict(timer.times),
         linked_params=bool(link_params and res.params),
+        tuned_kernels=tuned["kernels"],
+        tuned_layouts=tuned["layouts"],
     )
     # Build metadata rides on the factory instance (the runtime class stays compiler-free).
     factory.memory_plan = res.memory_plan
@@ -273,6 +296,20 @@ def _graph_codegen(graph: Graph, lowered: LoweredModel, originals: Mapping[str, 
     devs = devices if devices is not None else [1] * len(lowered.calls)
     calls = [KernelCall(c.func_name, c.args, c.outputs, device=d) for c, d in zip(lowered.calls, devs)]
     return generate_graph_json(graph, calls, originals)
+
+
+def _tuning_context(tuning_log: Any, target: Any) -> Any:
+    """The :class:`~kiln.autotune.space.DispatchContext` of a tuning log, or None."""
+    if tuning_log is None:
+        return None
+    from ..autotune.log import apply_history_best
+
+    return apply_history_best(tuning_log, target)
+
+
+@contextmanager
+def _no_context() -> Iterator[None]:
+    yield
 
 
 def _empty_lib() -> Any:

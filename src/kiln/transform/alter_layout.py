@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..autotune.space import current_config, workload_key
 from ..ir import Graph, OpPattern, Value, get_op
 from ..ir.ops.layout import convert_layout
 from .pipeline import Pass
@@ -84,15 +85,22 @@ def _conv_plan(node: Any, data_block: int | None) -> tuple[int, int] | None:
     o, cg, kh, kw = weight.shape
     ow = node.outputs[0].shape[3]
     g = node.attrs["groups"]
+    # knob: a tuning log may set the block per workload (0 = the rule of choose_out_block)
+    wl = workload_key("conv2d_layout", data.shape, weight.shape, node.attrs.get("strides", ()),
+                      node.attrs.get("padding", ()), node.attrs.get("dilation", ()), g, data.dtype)
+    tuned_ob = int(current_config("conv2d_layout", wl, {"ob": 0})["ob"])
+    if tuned_ob < 4 or o % tuned_ob:
+        tuned_ob = 0
     if g == 1:
-        ob = choose_out_block(o, ow)
+        ob = tuned_ob or choose_out_block(o, ow)
         ib = data_block if data_block and c % data_block == 0 else choose_in_block(c)
         # blocks below 4 lanes would run mostly scalar code: NCHW's kernel is as good there
         if ob < 4:
             return None
         return ib, ob
     if g == c and o == c and cg == 1:
-        b = data_block if data_block and c % data_block == 0 and data_block >= 4 else choose_out_block(c, ow)
+        b = data_block if data_block and c % data_block == 0 and data_block >= 4 else (
+            tuned_ob or choose_out_block(c, ow))
         return (b, b) if b >= 4 else None
     return None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import te
+from ...autotune.space import current_config, workload_key
 from ..broadcast import broadcast_shape
 from ..registry import register_compute
 from ..util import TAG_ELEMWISE, acc_dtype, prod
@@ -65,7 +66,10 @@ def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None) -> te.Te
     if m <= DENSE_GEMV_MAX_M and lanes and kk >= 2 * lanes and not pack:
         return _finish(_dense_gemv(data, weight, lanes), data.dtype, "dense_out")
     k = te.reduce_axis((0, kk), name="k")
-    bn = DENSE_PACK_BN
+    wl = workload_key("dense", data.shape, weight.shape, data.dtype)
+    # the panel width is the schedule's column tile knob ``nt`` (a packed kernel's column
+    # tile is one panel); whether to pack at all stays a fixed rule
+    bn = int(current_config("dense", wl, {"nt": DENSE_PACK_BN})["nt"]) if pack else DENSE_PACK_BN
     if pack:
         npan = -(-nn // bn)
         wp = te.compute((npan, kk, bn),
@@ -82,7 +86,8 @@ def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None) -> te.Te
         def body(*i: Any) -> Any:
             return te.sum(te.cast(data[tuple(i[:-1]) + (k,)], acc) * te.cast(weight[i[-1], k], acc), axis=k)
 
-    out = te.compute(lead + (nn,), body, name="dense", tag=TAG_DENSE, attrs={"packed": bool(pack), "bn": bn})
+    out = te.compute(lead + (nn,), body, name="dense", tag=TAG_DENSE,
+                     attrs={"packed": bool(pack), "bn": bn, "workload": wl})
     return _finish(out, data.dtype, "dense_out")
 
 
@@ -106,7 +111,8 @@ def _dense_gemv(data: te.Tensor, weight: te.Tensor, lanes: int) -> te.Tensor:
     part = te.compute(lead + (nn, lanes), pbody, name="dense_part", tag=TAG_DENSE_GEMV)
     lr = te.reduce_axis((0, lanes), name="lr")
     return te.compute(lead + (nn,), lambda *i: te.sum(part[tuple(i) + (lr,)], axis=lr), name="dense", tag=TAG_DENSE,
-                      attrs={"packed": False, "gemv": True, "lanes": lanes})
+                      attrs={"packed": False, "gemv": True, "lanes": lanes,
+                             "workload": workload_key("dense", data.shape, weight.shape, data.dtype)})
 
 
 @register_compute("dense")
@@ -134,6 +140,9 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None) -> te.Tensor:
     if pack is None:
         # a few rows read each B row once anyway: no pack (it would double the traffic)
         pack = nn >= bn and mm > DENSE_GEMV_MAX_M
+    wl = workload_key("matmul", a.shape, b.shape, a.dtype)
+    if pack:
+        bn = int(current_config("matmul", wl, {"nt": DENSE_PACK_BN})["nt"])
 
     def bidx(t: te.Tensor, idx: tuple[Any, ...]) -> tuple[Any, ...]:
         tb = t.shape[:-2]
@@ -162,7 +171,8 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None) -> te.Tensor:
             bi, m, n = i[:nb], i[nb], i[nb + 1]
             return te.sum(te.cast(a[bidx(a, bi) + (m, k)], acc) * te.cast(b[bidx(b, bi) + (k, n)], acc), axis=k)
 
-    out = te.compute(batch + (mm, nn), body, name="matmul", tag=TAG_MATMUL, attrs={"packed": bool(pack), "bn": bn})
+    out = te.compute(batch + (mm, nn), body, name="matmul", tag=TAG_MATMUL,
+                     attrs={"packed": bool(pack), "bn": bn, "workload": wl})
     return _finish(out, a.dtype, "matmul_out")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...autotune.space import current_config
 from ..nn.dense import DENSE_PACK_BN, TAG_DENSE, TAG_DENSE_GEMV, TAG_DENSE_PACK, TAG_MATMUL
 from ..registry import register_schedule
 from ..util import prod
@@ -142,6 +143,10 @@ def _make_gemm_schedule(tags: tuple[str, ...], tiles_of: Any) -> Any:
         if anchor is not None:
             out = _single_output_epilogue(s, anchor)
             mt, nt = tiles_of(target)
+            wl = anchor.op.attrs.get("workload")
+            if wl is not None and not anchor.op.attrs.get("gemv"):
+                cfg = current_config(wl[0], wl, {"mt": mt, "nt": nt})
+                mt, nt = int(cfg["mt"]), int(cfg["nt"])
             packed = bool(anchor.op.attrs.get("packed"))
             if packed:
                 # columns must be whole panels so n // bn and n % bn simplify away

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...autotune.space import current_config, workload_key
 from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
 from ..nn.conv2d_nchwc import TAG_CONV2D_NCHWC, TAG_DEPTHWISE_NCHWC, TAG_POOL_NCHWC
 from ..registry import register_schedule
@@ -34,7 +35,7 @@ from .generic import PARALLEL_MIN, finalize, prepare, schedule_injective_stage
 from .x86 import _find, _keep_root_helpers, _single_output_epilogue, vector_lanes
 
 __all__ = ["schedule_conv2d", "schedule_conv2d_nchwc", "schedule_layout_transform", "schedule_blocked_copy",
-           "schedule_max_pool2d_nchwc", "pick_x_tile", "row_tile"]
+           "schedule_max_pool2d_nchwc", "pick_x_tile", "row_tile", "nchwc_workload"]
 
 
 def pick_x_tile(ow: int, max_tile: int, min_tile: int = 4) -> int:
@@ -99,13 +100,30 @@ def row_tile(anchor: te.Stage) -> int:
     return yt if traffic_b < traffic_a else 0
 
 
+def nchwc_workload(anchor: te.Stage) -> tuple:
+    """Workload key of a blocked convolution (its padded input, weight and output shapes fix
+    the padding; the tag tells depthwise apart)."""
+    data, weight = anchor.op.input_tensors[:2]
+    return workload_key("conv2d_nchwc", anchor.op.tag, data.shape, weight.shape, anchor.op.output(0).shape,
+                        anchor.op.attrs.get("strides", ()), anchor.op.attrs.get("dilation", ()), data.dtype)
+
+
 def _tile_nchwc(out: te.Stage, anchor: te.Stage, lanes: int) -> None:
     depthwise = anchor.op.tag == TAG_DEPTHWISE_NCHWC
     n, k, y, x, kc = out.op.axis
     ob, ow = kc.dom_extent, x.dom_extent
-    xt = pick_x_tile(ow, _max_tile(ob, lanes, depthwise))
+    # knobs: xt 0 / order "auto" are the hand-written rules below (the defaults)
+    cfg = current_config("conv2d_nchwc", nchwc_workload(anchor), {"xt": 0, "order": "auto"})
+    xt = int(cfg["xt"]) or pick_x_tile(ow, _max_tile(ob, lanes, depthwise))
+    xt = max(1, min(xt, ow))
     xo, xi = out.split(x, factor=xt)
-    yt = 0 if depthwise else row_tile(anchor)
+    order = cfg["order"]
+    if depthwise or order == "block_outer":
+        yt = 0
+    elif order == "row_outer":
+        yt = row_tile(anchor) or 1
+    else:
+        yt = row_tile(anchor)
     inner = [xi, kc]
     if yt:
         yo, yi = out.split(y, factor=yt)

@@ -1,0 +1,32 @@
+"""Schedule knobs and measured tuning.
+
+- :mod:`kiln.autotune.space`: config spaces, workload keys, :func:`current_config` (what the
+  schedules call) and the :class:`DispatchContext`.
+- :mod:`kiln.autotune.log`: the JSON-lines tuning log (read, write, best record per workload)
+  and :func:`apply_history_best`.
+- :mod:`kiln.autotune.tuner`: :func:`tune`, the measured search.
+
+Importing this package is cheap; the tuner (which needs the compiler) loads on first use.
+See ``docs/tuning.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .space import (KNOB_SPACES, TUNABLE_KINDS, ConfigSpace, DispatchContext, current_config, current_context,
+                    target_key, workload_key)
+
+__all__ = ["KNOB_SPACES", "TUNABLE_KINDS", "ConfigSpace", "DispatchContext", "current_config", "current_context",
+           "target_key", "workload_key", "tune", "TuneTask", "TuneResult", "extract_tasks", "apply_history_best",
+           "load_records", "best_configs", "TuningRecord"]
+
+_LAZY = {"tune": "tuner", "TuneTask": "tuner", "TuneResult": "tuner", "extract_tasks": "tuner",
+         "apply_history_best": "log", "load_records": "log", "best_configs": "log", "TuningRecord": "log"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kiln.autotune' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
