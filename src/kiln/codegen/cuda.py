@@ -160,6 +160,11 @@ def _check_launch_limits(infos: Sequence[GPUFunctionInfo], target: Target) -> No
                     f"(block {list(k.block)}), more than the target's max_num_threads={limit}; "
                     "the schedule must bind smaller thread extents"
                 )
+            smem = int(target.attrs.get("max_shared_memory_per_block") or 48 * 1024)
+            if k.shared_bytes > smem:
+                raise CompileError(
+                    f"cuda codegen: kernel {k.name} of {fi.name} declares {k.shared_bytes} bytes of shared memory, "
+                    f"more than the target's max_shared_memory_per_block={smem}; use smaller tiles")
             if k.block[2] > 64 or k.grid[1] > 65535 or k.grid[2] > 65535:
                 raise CompileError(f"cuda codegen: kernel {k.name} of {fi.name}: launch grid {list(k.grid)} / block "
                                    f"{list(k.block)} exceeds CUDA limits (grid y,z <= 65535, block z <= 64)")

@@ -21,7 +21,10 @@ How a PrimFunc becomes kernels
   that binds nothing is a bug in the schedule, not in the output).
 * Other Allocates inside a kernel are per-work-item arrays; scope ``"shared"`` ones are
   work-group memory (declared at kernel scope, ``Dialect.shared_qualifier``).
-  ``Evaluate(Call("int32", "kiln.barrier", []))`` emits ``Dialect.barrier()``.
+  ``Evaluate(Call("int32", "kiln.barrier", []))`` emits ``Dialect.barrier()``; a barrier
+  under a condition on a ``threadIdx`` index (a thread loop shorter than the launch, or an
+  ``if`` on the work-item index) is a CompileError: work-items skipping it would deadlock.
+  Kernels with work-group memory report its size as ``shared_bytes``.
 
 Metadata (``GPUFunctionInfo.to_dict``), JSON-serializable, is what a runtime module needs to
 launch a function::
@@ -175,11 +178,16 @@ class GPUKernelInfo:
     args: list[tuple[str, int]]
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    #: bytes of statically sized work-group (shared / local) memory the kernel declares
+    shared_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form."""
-        return {"name": self.name, "args": [list(a) for a in self.args], "grid": list(self.grid),
-                "block": list(self.block)}
+        """JSON-serializable form (``shared_bytes`` only when the kernel uses work-group memory)."""
+        d = {"name": self.name, "args": [list(a) for a in self.args], "grid": list(self.grid),
+             "block": list(self.block)}
+        if self.shared_bytes:
+            d["shared_bytes"] = self.shared_bytes
+        return d
 
 
 @dataclass
@@ -204,6 +212,7 @@ class _KState:
         self.nonneg: set[Var] = set()
         self.launch: dict[str, int] = {}
         self.shared: list[Buffer] = []
+        self.thread_vars: set[Var] = set()  # loop variables bound to threadIdx.*
 
 
 class GPUSourceGenerator:
@@ -320,7 +329,9 @@ class GPUSourceGenerator:
         self._chunks.append(src)
         grid = tuple(st.launch.get(f"blockIdx.{a}", 1) for a in "xyz")
         block = tuple(st.launch.get(f"threadIdx.{a}", 1) for a in "xyz")
-        return GPUKernelInfo(kname, [slots[k] for k in args], grid, block)  # type: ignore[arg-type]
+        shared_bytes = sum(int(b.nbytes) for b in st.shared)
+        return GPUKernelInfo(kname, [slots[k] for k in args], grid, block,  # type: ignore[arg-type]
+                             int(shared_bytes))
 
     # ------------------------------------------------------------------ naming
     def _name(self, v: Var) -> str:
@@ -509,6 +520,12 @@ class GPUSourceGenerator:
             self._stmt(s.body, out, ind + 1)
             out.append(f"{pad}}}")
         elif isinstance(s, IfThenElse):
+            if (self._st.thread_vars & _vars_of(s.cond)) and (
+                    _has_barrier(s.then_case) or (s.else_case is not None and _has_barrier(s.else_case))):
+                raise CompileError(
+                    f"{d.name} codegen: a work-group barrier under a condition on the work-item index "
+                    f"({self.expr(s.cond)}): work-items that skip it would deadlock the group; the schedule must "
+                    "split thread-bound loops exactly (no tail guards) where a barrier is reached")
             out.append(f"{pad}if ({self.expr(s.cond)}) {{")
             self._stmt(s.then_case, out, ind + 1)
             if s.else_case is not None:
@@ -542,9 +559,16 @@ class GPUSourceGenerator:
         if s.kind == "thread_binding":
             tag = s.annotations["thread_tag"]
             idx = f"(({ct}){d.thread_index(tag)})"
+            if tag.startswith("threadIdx."):
+                self._st.thread_vars.add(s.loop_var)
             out.append(f"{pad}{{")
             out.append(f"{pad}  const {ct} {v} = {idx if zero_min else f'{mn} + {idx}'};")
             if int(s.extent.value) < self._st.launch[tag]:
+                if _has_barrier(s.body):
+                    raise CompileError(
+                        f"{d.name} codegen: loop {s.loop_var.name} bound to {tag} has extent {s.extent.value} < the "
+                        f"launch size {self._st.launch[tag]} and contains a work-group barrier: the idle work-items "
+                        "would skip it (deadlock); bind the same extent everywhere a barrier is reached")
                 out.append(f"{pad}  if ({idx} < {ext}) {{")
                 self._stmt(s.body, out, ind + 2)
                 out.append(f"{pad}  }}")
@@ -558,6 +582,23 @@ class GPUSourceGenerator:
         out.append(f"{pad}for ({ct} {v} = {mn}; {v} < {end}; ++{v}) {{")
         self._stmt(s.body, out, ind + 1)
         out.append(f"{pad}}}")
+
+
+def _vars_of(e: PrimExpr) -> set[Var]:
+    out: set[Var] = set()
+    post_order_visit(e, lambda n: out.add(n) if isinstance(n, Var) else None)
+    return out
+
+
+def _has_barrier(s: Stmt) -> bool:
+    found: list[bool] = []
+
+    def f(n: Any) -> None:
+        if isinstance(n, Call) and n.op == BARRIER_INTRINSIC:
+            found.append(True)
+
+    post_order_visit(s, f)
+    return bool(found)
 
 
 _RESERVED = {

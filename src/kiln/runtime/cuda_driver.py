@@ -586,7 +586,12 @@ class CUDADeviceAPI(DeviceAPI):
         return int(ptr.value)
 
     def free_data_space(self, dev: Device, ptr: int) -> None:
-        d = _driver()
+        d = _DRIVER
+        if d is None:
+            # The driver that allocated ptr was forgotten (_reset_driver): its context is gone
+            # and ptr means nothing to a new one. Calling _driver() here could also deadlock:
+            # NDArray.__del__ runs from garbage collection, possibly inside _driver()'s lock.
+            return
         d.context(dev.device_id)
         d.check(d.cuMemFree_v2(ptr), f"cuMemFree on {dev}")
 

@@ -80,6 +80,9 @@ class Stage:
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
         self.is_output = False
+        #: Memory scope of the stage's buffer when it is compute_at another stage: "global"
+        #: (default), "shared" (work-group memory, see Schedule.cache_read) or "local".
+        self.scope = "global"
 
     def __repr__(self) -> str:
         return f"stage({self.op.name}, {self.attach_type})"
@@ -203,8 +206,12 @@ class Stage:
         if not isinstance(thread_iv, IterVar) or thread_iv.iter_type != "thread":
             raise CompileError(f"bind on stage {self.op.name}: second argument must be te.thread_axis(tag), "
                                f"got {thread_iv!r}")
-        if iv.iter_type == IterVar.REDUCE:
-            raise CompileError(f"bind on stage {self.op.name}: {iv.name} is a reduction axis")
+        if iv.iter_type == IterVar.REDUCE and not thread_iv.name.startswith("threadIdx."):
+            raise CompileError(f"bind on stage {self.op.name}: reduction axis {iv.name} can only be bound to a "
+                               f"threadIdx tag (a work-group tree reduction), not {thread_iv.name}")
+        if iv.iter_type == IterVar.REDUCE and any(
+                t.startswith("threadIdx.") and v.iter_type == IterVar.REDUCE for v, t in self.thread_bindings.items()):
+            raise CompileError(f"bind on stage {self.op.name}: only one reduction axis may be bound to a thread")
         self._annotate(iv, "thread_binding")
         self.thread_bindings[iv] = thread_iv.name
 
@@ -257,6 +264,8 @@ class Schedule:
         self._map: dict[int, Stage] = {id(st.op): st for st in self.stages}
         for op in self.outputs:
             self._map[id(op)].is_output = True
+        #: id(reader op) -> {tensor: cache tensor}: reads the lowering redirects (cache_read).
+        self.read_redirects: dict[int, dict[Tensor, Tensor]] = {}
 
     def __getitem__(self, t: Tensor | Operation) -> Stage:
         op = t.op if isinstance(t, Tensor) else t
@@ -268,6 +277,57 @@ class Schedule:
     def __contains__(self, t: Tensor | Operation) -> bool:
         op = t.op if isinstance(t, Tensor) else t
         return id(op) in self._map
+
+    def cache_read(self, tensor: Tensor, scope: str, readers: Stage | Tensor | Sequence[Stage | Tensor]) -> Tensor:
+        """A copy of ``tensor`` in memory ``scope`` that ``readers`` read instead of it.
+
+        The new stage (TVM's ``cache_read``) is ``cache[i] = tensor[i]``; place it with
+        :meth:`Stage.compute_at` in a loop of the (single) reader: lowering then copies only
+        the tile the reader touches inside that loop (region inference) into a buffer of
+        that size and scope. For ``"shared"`` the region is taken over the whole work-group
+        (loops bound to ``threadIdx.*`` outside the attach point are relaxed), the copy is
+        meant to be split across the group's work-items (bind its fused loop to
+        ``threadIdx.x``), and a work-group barrier follows the copy and the reader's use
+        of it (so the next iteration does not overwrite data still being read).
+
+        Parameters
+        ----------
+        tensor : Tensor
+            The tensor to cache (a placeholder or a materialized stage).
+        scope : {"shared", "local"}
+            Work-group memory or per-work-item memory.
+        readers : Stage, Tensor or list of them
+            The stages whose reads of ``tensor`` go to the cache instead.
+
+        Returns
+        -------
+        Tensor
+            The cache tensor (``s[cache]`` is its stage).
+        """
+        from .tensor import compute
+
+        if not isinstance(tensor, Tensor) or tensor not in self:
+            raise CompileError(f"cache_read: expected a tensor of this schedule, got {tensor!r}")
+        if scope not in ("shared", "local"):
+            raise CompileError(f"cache_read of {tensor.name}: scope must be 'shared' or 'local', got {scope!r}")
+        if isinstance(readers, (Stage, Tensor)):
+            readers = [readers]
+        rstages = [r if isinstance(r, Stage) else self[r] for r in readers]
+        if not rstages:
+            raise CompileError(f"cache_read of {tensor.name}: no readers given")
+        for r in rstages:
+            if not isinstance(r.op, ComputeOp) or r.schedule is not self:
+                raise CompileError(f"cache_read of {tensor.name}: reader {r.op.name} is not a compute stage of this "
+                                   "schedule")
+        cache = compute(tensor.shape, lambda *i: tensor(*i), name=f"{tensor.name}.{scope}", tag="cache_read")
+        st = Stage(cache.op, self)
+        st.scope = scope
+        pos = min(self.stages.index(r) for r in rstages)
+        self.stages.insert(pos, st)
+        self._map[id(cache.op)] = st
+        for r in rstages:
+            self.read_redirects.setdefault(id(r.op), {})[tensor] = cache
+        return cache
 
     def consumers(self, op: Operation) -> list[Stage]:
         """Stages reading an output of ``op``."""

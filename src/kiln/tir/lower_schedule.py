@@ -13,6 +13,11 @@ Steps
 4. *compute_at*: an attached stage is computed inside its consumer's loop; the region it
    must produce is inferred from the consumer's accesses (interval analysis on the linear
    index forms), it is stored in a buffer of that region's size and read with an offset.
+   A stage made by ``Schedule.cache_read`` with scope ``"shared"`` gets the region the
+   whole work-group reads (``threadIdx`` loops relaxed), a buffer of that scope, and
+   work-group barriers after its copy and after the reader's use.
+   A reduction whose outermost reduction loop is bound to ``threadIdx.*`` becomes a
+   work-group tree reduction (:meth:`_Lowerer._cross_thread`; GPU targets only).
 5. Non-argument root stages become :class:`Allocate` s around the whole body; the codegen
    decides stack vs workspace by size.  The result is simplified.
 """
@@ -23,12 +28,20 @@ import re
 from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
-from .expr import IntImm, Load, PrimExpr, ProducerLoad, Reduce, Var, binary, const
+from .expr import Call, IntImm, Load, PrimExpr, ProducerLoad, Reduce, Var, binary, const
 from .functor import Mutator, collect_vars, post_order_visit, substitute
 from .simplify import INF, Analyzer, simplify_stmt
-from .stmt import Allocate, Buffer, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
+from .stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, Stmt, seq
 
-__all__ = ["lower"]
+__all__ = ["lower", "BARRIER_INTRINSIC"]
+
+#: Intrinsic call (``Evaluate(Call("int32", BARRIER_INTRINSIC, []))``) that the GPU code
+#: generators turn into a work-group barrier.
+BARRIER_INTRINSIC = "kiln.barrier"
+
+
+def _barrier() -> Stmt:
+    return Evaluate(Call("int32", BARRIER_INTRINSIC, []))
 
 
 def _ceildiv(a: int, b: int) -> int:
@@ -48,6 +61,17 @@ class _Inliner(Mutator):
             body = self.bodies[id(op)][e.producer.value_index]
             return substitute(body, {iv.var: i for iv, i in zip(op.axis, idx)})
         return ProducerLoad(e.producer, idx)
+
+
+class _Redirect(Mutator):
+    """Reads of cached tensors go to their cache tensors (``Schedule.cache_read``)."""
+
+    def __init__(self, redirects: dict[Any, Any]) -> None:
+        self.redirects = redirects
+
+    def visit_ProducerLoad(self, e: ProducerLoad) -> PrimExpr:
+        idx = [self.expr(i) for i in e.indices]
+        return ProducerLoad(self.redirects.get(e.producer, e.producer), idx)
 
 
 class _Resolver(Mutator):
@@ -99,6 +123,12 @@ class _Lowerer:
         for st in sch.stages:
             if isinstance(st.op, ComputeOp):
                 self.bodies[id(st.op)] = [inl.expr(b) for b in st.op.body]
+        for op_id, red in getattr(sch, "read_redirects", {}).items():
+            if op_id in self.bodies:
+                rdr = _Redirect(red)
+                self.bodies[op_id] = [rdr.expr(b) for b in self.bodies[op_id]]
+        #: loop variables bound to threadIdx.* (relaxed by region inference of shared stages)
+        self.thread_vars: dict[Var, str] = {}
         # who reads whom, after inlining
         self.readers: dict[int, list[Any]] = {}
         for st in sch.stages:
@@ -215,6 +245,9 @@ class _Lowerer:
         exts = [ext[iv] for iv in leaves]
         kinds = [st.iter_var_attrs.get(iv, "serial") for iv in leaves]
         tags = [getattr(st, "thread_bindings", {}).get(iv) for iv in leaves]
+        for v, t in zip(lvars, tags):
+            if t and t.startswith("threadIdx."):
+                self.thread_vars[v] = t
         ranges = dict(outer)
         for v, e in zip(lvars, exts):
             ranges[v] = (0, e - 1)
@@ -290,7 +323,12 @@ class _Lowerer:
                         cond = binary("and", cond, c)
                     body = IfThenElse(cond, body)
                 if with_children:
-                    for cbuf, cnest in reversed(children.get(lvl, [])):
+                    kids = children.get(lvl, [])
+                    if any(cbuf.scope == "shared" for cbuf, _ in kids):
+                        # the group's copies must be complete before anyone reads them, and
+                        # every read done before the next iteration overwrites them
+                        body = seq(_barrier(), body, _barrier())
+                    for cbuf, cnest in reversed(kids):
                         body = Allocate(cbuf, seq(cnest, body))
                 body = For(v, 0, extent, kinds[lvl], body,
                            {"thread_tag": tags[lvl]} if tags[lvl] else None)
@@ -318,6 +356,11 @@ class _Lowerer:
         red_levels = list(range(p, n))
         outer_guards = [g for g in all_guards if level_of(g) < p]
         inner_guards = [g for g in all_guards if level_of(g) >= p]
+        tpos = [i for i, iv in enumerate(leaves)
+                if iv.iter_type == "reduce" and (tags[i] or "").startswith("threadIdx.")]
+        if tpos:
+            return self._cross_thread(st, red, buf, src, cond, p, tpos[0], tail_is_reduce, lvars, exts, local_idx,
+                                      outer_guards, inner_guards, build, level_of)
         if tail_is_reduce:
             acc = Buffer(self._uniq(f"{buf.name}_acc"), (1,), buf.dtype, scope="local")
             upd: Stmt = BufferStore(acc, red.combine(acc[0], src), [0])
@@ -354,6 +397,52 @@ class _Lowerer:
         upd_nest = build(red_levels, lvars[p:], upd, inner_guards, True)
         return build(data_levels, lvars[:p], seq(init_nest, upd_nest), outer_guards, True)
 
+    def _cross_thread(self, st: Any, red: Reduce, buf: Buffer, src: PrimExpr, cond: PrimExpr | None, p: int,
+                      tpos: int, tail_is_reduce: bool, lvars: list[Var], exts: list[int], local_idx: list[PrimExpr],
+                      outer_guards: list[PrimExpr], inner_guards: list[PrimExpr], build: Any, level_of: Any) -> Stmt:
+        """A reduction whose reduce loop ``lvars[tpos]`` is bound to ``threadIdx.*``: a
+        work-group tree reduction.
+
+        Every work-item folds its strided share of the reduction into a private accumulator,
+        writes it to work-group memory, and the group halves the live values with a barrier
+        per step (ceil(log2(threads)) steps); work-item 0 stores the result.
+        """
+        if tpos != p or not tail_is_reduce:
+            raise CompileError(f"lower {self.name}: {st.op.name}: the reduction axis bound to a thread must be the "
+                               "outermost reduction loop, after all data-parallel loops")
+        nt = exts[p]
+        tv = lvars[p]
+        acc = Buffer(self._uniq(f"{buf.name}_acc"), (1,), buf.dtype, scope="local")
+        upd: Stmt = BufferStore(acc, red.combine(acc[0], src), [0])
+        if cond is not None:
+            upd = IfThenElse(cond, upd)
+        deeper = [g for g in inner_guards if level_of(g) > p]
+        at_thread = [g for g in inner_guards if level_of(g) == p]
+        nest = build(list(range(p + 1, len(lvars))), lvars[p + 1:], upd, deeper, True)
+        if at_thread:
+            c = at_thread[0]
+            for g in at_thread[1:]:
+                c = binary("and", c, g)
+            nest = IfThenElse(c, nest)
+        shm = Buffer(self._uniq(f"{buf.name}_red"), (nt,), buf.dtype, scope="shared")
+        stmts: list[Stmt] = [BufferStore(acc, red.identity, [0]), nest, BufferStore(shm, acc[0], [tv]), _barrier()]
+        h = 1
+        while 2 * h < nt:
+            h *= 2
+        live = nt  # values still to combine: the first step folds them onto a power of two
+        while live > 1:
+            c = binary("lt", tv, h)
+            if 2 * h > live:
+                c = binary("and", c, binary("lt", tv + h, live))
+            stmts.append(IfThenElse(c, BufferStore(shm, red.combine(Load(shm, [tv]), Load(shm, [tv + h])), [tv])))
+            live = h
+            if h > 1:  # the last step's only writer is work-item 0, which also reads the result
+                stmts.append(_barrier())
+            h //= 2
+        stmts.append(IfThenElse(binary("eq", tv, 0), BufferStore(buf, Load(shm, [const(0)]), local_idx)))
+        block = Allocate(shm, Allocate(acc, seq(*stmts)))
+        return build(list(range(p + 1)), lvars[:p + 1], block, outer_guards, True)
+
     def child_nest(self, child: Any, raw: list[PrimExpr], lvars: list[Var], exts: list[int], level: int,
                    ranges: dict[Var, tuple[float, float]]) -> tuple[Buffer, Stmt]:
         """Region inference + loop nest of a stage attached at ``lvars[level]``."""
@@ -362,7 +451,7 @@ class _Lowerer:
         inner = {v: (0, e - 1) for v, e in zip(lvars[level + 1:], exts[level + 1:])}
         bufs = []
         for t in cop.outputs:
-            b = Buffer(self._uniq(t.name), [e for _, e in region], t.dtype)
+            b = Buffer(self._uniq(t.name), [e for _, e in region], t.dtype, scope=getattr(child, "scope", "global"))
             self.tmap[t] = (b, [lo for lo, _ in region])
             bufs.append(b)
         outer = {v: r for v, r in ranges.items() if v not in inner}
@@ -377,6 +466,11 @@ class _Lowerer:
         cop = child.op
         t0 = cop.output(0)
         inner = {v: (0, e - 1) for v, e in zip(lvars[level + 1:], exts[level + 1:])}
+        if getattr(child, "scope", "global") == "shared":
+            # work-group memory holds what the whole group reads: relax the work-item indices
+            for v in ranges:
+                if v in self.thread_vars and v not in inner:
+                    inner[v] = (int(ranges[v][0]), int(ranges[v][1]))
         ana = Analyzer()
         ana.ranges.update(ranges)
         rd = self.readers.get(id(cop), [])

@@ -14,17 +14,21 @@ Every fused group gets the same treatment, which is correct for any compute:
   is the reduction's only reader (bias + relu after a conv), the reduction is computed at
   the epilogue's thread loop — one kernel, accumulators never leave registers — and each
   work-item computes a register tile of outputs (up to 8 channels of NCHW results, 8
-  columns of 2-D ones) so each loaded input is reused from registers;
+  columns of 2-D ones and of dense / matmul results of any rank) so each loaded input is reused from registers;
+* GEMM-like reductions (dense, matmul, conv2d) can instead use local-memory tiles
+  (:func:`_attach_shared`, :func:`_attach_shared_conv`, built on ``Schedule.cache_read``)
+  where :data:`SHARED_TAGS` selects them for the target kind (only where they measured
+  faster; on PoCL they never did);
+* reductions with few outputs (:data:`TREE_MAX_OUTPUTS`) are work-group tree reductions
+  (:func:`schedule_tree_reduce`);
 * other reductions stay root stages, i.e. separate kernels launched in order (the GPU
-  code generator turns their intermediate tensors into temporaries) — softmax is three.
+  code generator turns their intermediate tensors into temporaries) -- softmax is three.
 
 Work-group sizes: ``max_num_threads`` of the target (default 256) for injective stages,
 :data:`REDUCE_THREADS` for reductions (fewer, heavier work-items).
 
-Not done here (see ``docs/devices.md``): work-group (local / shared) memory tiling of conv
-and dense, and parallel (tree) reductions to a scalar, which run on one work-item. PoCL, the
-CPU driver the tests run on, backs local memory with ordinary memory, so little gain is
-expected there (not measured); on a discrete GPU both would pay.
+Measurements behind every choice are in ``docs/devices.md``. Not done: a reduction to a
+scalar is one work-group (a second, cross-group stage would spread it over the device).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from ..registry import register_schedule
 from ..util import prod
 from .generic import prepare, readers_after_inline
 
-__all__ = ["schedule_gpu", "bind_flat", "GPU_KINDS", "REDUCE_THREADS", "DEFAULT_THREADS"]
+__all__ = ["schedule_gpu", "bind_flat", "schedule_tree_reduce", "GPU_KINDS", "REDUCE_THREADS", "DEFAULT_THREADS",
+           "SHARED_TAGS", "TREE_MAX_OUTPUTS"]
 
 #: Target kinds the schedules here are registered for (plus the pseudo-kind ``gpu``).
 GPU_KINDS = ["opencl", "cuda", "gpu"]
@@ -54,10 +59,52 @@ TILE = 8
 #: Measured on PoCL, ResNet-18 224x224, same process: 8x1 230 ms, 4x4 292 ms, 8x8 349 ms,
 #: 16x1 391 ms per inference.
 TILE_C, TILE_W = 8, 1
+#: Reductions tiled along their last axis whatever their rank (matrix products): with
+#: (batch, heads, rows, cols) outputs, 4-D NCHW channel tiles would split the heads axis.
+#: Measured on PoCL, MiniLM (attention matmuls 1x12x128x{64,128}) -- see docs/devices.md.
+GEMM_TAGS = ("dense", "matmul")
 #: Work-items per work-group of register-tiled reductions.
 TILED_THREADS = 32
 #: Register tiles shrink until a reduction has at least this many work-items.
 MIN_WORK_ITEMS = 256
+#: Work-group tree reductions (see :func:`schedule_tree_reduce`): work-items per group (a
+#: power of two); used for reductions with at most ``TREE_MAX_OUTPUTS[kind]`` outputs and at
+#: least :data:`TREE_MIN_REDUCE` terms each.
+TREE_THREADS = 64
+TREE_MIN_REDUCE = 32
+#: OpenCL, measured on PoCL (same process, medians of 11, tree / one work-item per output):
+#: a single output pays or ties -- sum of 1e6 0.87 (and error 1.2e-4 instead of 6.3e-3),
+#: sum of 4096 0.94, 2 x 5e5 0.97 -- but a few outputs lose: 8 x 1e5 max 1.49, 128 x 384
+#: mean 1.39, 200 x 2048 sum 1.53 (PoCL runs the per-output loops of a group as SIMD lanes,
+#: and each barrier splits the group's work-item loop). CUDA: one work-item per output
+#: leaves a GPU idle below a few thousand outputs; trees up to MIN_WORK_ITEMS outputs (not
+#: measured: no GPU here).
+TREE_MAX_OUTPUTS: dict[str, int] = {"opencl": 1, "cuda": MIN_WORK_ITEMS - 1, "gpu": 1}
+#: Local-memory tiled GEMM (see :func:`_attach_shared`): a work-group of SHARED_TY x SHARED_TX
+#: work-items, each a SHARED_R x SHARED_R register tile, stages SHARED_BM x SHARED_KS tiles
+#: of A and SHARED_KS x SHARED_BN tiles of B in local memory per K-step.
+SHARED_R = 4
+SHARED_TY = SHARED_TX = 16
+SHARED_BM = SHARED_BN = SHARED_R * SHARED_TY
+SHARED_KS = 8
+#: Which op tags use the local-memory tiles, per target kind (where they pay).
+#: OpenCL: measured on PoCL (OpenCL on the 2-core CPU; same process, medians, see
+#: docs/devices.md) the local tiles are always slower than the register tiles -- dense
+#: 128x384x384 38.8 vs 10.2 ms (3.8x), 128x384x1536 3.9x, batch matmul 12x128x64x128 2.0x,
+#: conv 3x3 64->64 56x56 3.0x, 7x7/2 first ResNet conv 4.4x -- because PoCL backs local
+#: memory with ordinary memory and serializes work-items between barriers: off.
+#: CUDA: shared-memory blocking is what GEMMs on discrete GPUs rely on; on, but NOT measured
+#: (no GPU here) -- measure with tests/cuda on a GPU and switch off what does not pay.
+SHARED_TAGS: dict[str, dict[str, bool]] = {
+    "opencl": {"dense": False, "matmul": False, "conv2d_nchw": False},
+    "cuda": {"dense": True, "matmul": True, "conv2d_nchw": True},
+    "gpu": {"dense": False, "matmul": False, "conv2d_nchw": False},
+}
+#: Local-memory tiled conv2d (NCHW, groups=1, see :func:`_attach_shared_conv`): a group of
+#: CONV_TC channel-threads x 16 pixel-threads, each CONV_R channels x 1 pixel; input
+#: channels staged CONV_KS at a time.
+CONV_TC, CONV_R, CONV_KS = 16, 4, 8
+CONV_PIX = 16
 
 
 def _threads(target: Any) -> int:
@@ -105,10 +152,10 @@ def _attach_tiled(red: te.Stage, out: te.Stage) -> None:
     axes = list(out.op.axis)
     ext = [iv.dom_extent for iv in axes]
     tiles: dict[int, int] = {}
-    if len(axes) == 4:
+    if len(axes) == 4 and red.op.tag not in GEMM_TAGS:
         tiles = {1: _largest_divisor(ext[1], TILE_C), 3: _largest_divisor(ext[3], TILE_W)}
-    elif len(axes) == 2:
-        tiles = {1: _largest_divisor(ext[1], TILE)}
+    elif len(axes) >= 2:  # 2-D, and batched dense / matmul (e.g. attention's 4-D matmuls)
+        tiles = {len(axes) - 1: _largest_divisor(ext[-1], TILE)}
     # small outputs: shrink the tiles until there are enough work-items to fill a device
     while tiles and prod(e // tiles.get(k, 1) for k, e in enumerate(ext)) < MIN_WORK_ITEMS \
             and max(tiles.values()) > 1:
@@ -142,22 +189,217 @@ def _attach_tiled(red: te.Stage, out: te.Stage) -> None:
         red.unroll(iv)
 
 
+def _next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def schedule_tree_reduce(st: te.Stage, threads: int = TREE_THREADS) -> None:
+    """One work-group per output element; its work-items reduce strided slices of the
+    reduction and combine them in local memory (a tree of barrier-separated halvings).
+
+    All reduction axes are fused into one loop ``r``; work-item ``t`` of the group folds
+    ``r = t, t + threads, t + 2 * threads, ...`` (neighbouring work-items read neighbouring
+    elements) into a private accumulator before the tree.
+    """
+    red_axes = list(st.op.reduce_axis)
+    total = prod(iv.dom_extent for iv in red_axes)
+    nt = max(1, min(_next_pow2(threads), _next_pow2(total)))
+    r = st.fuse(*red_axes) if len(red_axes) > 1 else red_axes[0]
+    ro, ri = st.split(r, factor=nt)
+    st.reorder(ri, ro)
+    data = list(st.op.axis)
+    if data:
+        fused = st.fuse(*data) if len(data) > 1 else data[0]
+        st.bind(fused, thread_axis("blockIdx.x"))
+    st.bind(ri, thread_axis("threadIdx.x"))
+
+
+def _wants_tree(st: te.Stage, target: Any) -> bool:
+    kind = getattr(getattr(target, "kind", None), "name", None) or "gpu"
+    n_out = prod(iv.dom_extent for iv in st.op.axis)
+    n_red = prod(iv.dom_extent for iv in st.op.reduce_axis)
+    return n_out <= TREE_MAX_OUTPUTS.get(kind, TREE_MAX_OUTPUTS["gpu"]) and n_red >= TREE_MIN_REDUCE
+
+
+def _simple_index(e: Any, ok_vars: set[Any], tile: int) -> bool:
+    from ...tir.expr import BinaryOp, IntImm, Var
+
+    if isinstance(e, (Var, IntImm)):
+        return not isinstance(e, Var) or e in ok_vars
+    # packed layouts index panels with j // bn, j % bn: a block tile covers whole panels
+    # when bn divides it, so the inferred region stays one tile
+    return (isinstance(e, BinaryOp) and e.op in ("floordiv", "floormod") and isinstance(e.a, Var)
+            and e.a in ok_vars and isinstance(e.b, IntImm) and e.b.value > 0 and tile % e.b.value == 0)
+
+
+def _shared_candidates(red: te.Stage, out: te.Stage, target: Any) -> list[te.Tensor] | None:
+    """Inputs of a GEMM-like reduction to stage in local memory, or None when the
+    local-memory tiles do not apply (shape, access pattern, or op kind not selected)."""
+    from ...tir.expr import ProducerLoad
+    from ...tir.functor import post_order_visit
+
+    op = red.op
+    if not _shared_on(target, op.tag) or len(op.reduce_axis) != 1 or len(op.axis) < 2:
+        return None
+    ext = [iv.dom_extent for iv in op.axis]
+    if ext[-2] < SHARED_BM or ext[-1] < SHARED_BN or op.reduce_axis[0].dom_extent < SHARED_KS:
+        return None
+    ok = {iv.var for iv in op.axis} | {op.reduce_axis[0].var}
+    loads: list[Any] = []
+    post_order_visit(op.body[0], lambda n: loads.append(n) if isinstance(n, ProducerLoad) else None)
+    tensors: list[te.Tensor] = []
+    for pl in loads:
+        if not all(_simple_index(i, ok, SHARED_BM) for i in pl.indices):
+            return None
+        stg = red.schedule[pl.producer]
+        if stg.attach_type == "inline":
+            continue  # its reads were substituted into the reduction: stays a global read
+        if pl.producer not in tensors:
+            tensors.append(pl.producer)
+    return tensors or None
+
+
+def _shared_on(target: Any, tag: str) -> bool:
+    kind = getattr(getattr(target, "kind", None), "name", None) or "gpu"
+    return SHARED_TAGS.get(kind, SHARED_TAGS["gpu"]).get(tag, False)
+
+
+def _conv_tile(red: te.Stage, target: Any) -> tuple[int, int] | None:
+    """Pixel tile (rows, cols) of CONV_PIX work-items dividing the output exactly, or None.
+
+    Exact tiles keep tail guards off the work-item loops (a guard there would put the
+    barriers of the cooperative loads under a divergent condition)."""
+    op = red.op
+    if not _shared_on(target, op.tag) or int(op.attrs.get("groups", 1)) != 1 or len(op.axis) != 4:
+        return None
+    _, co, oh, ow = (iv.dom_extent for iv in op.axis)
+    if co % (CONV_TC * CONV_R):
+        return None
+    for th in (4, 2, 8, 1, 16):
+        tw = CONV_PIX // th
+        if oh % th == 0 and ow % tw == 0:
+            return th, tw
+    return None
+
+
+def _attach_shared_conv(s: te.Schedule, red: te.Stage, out: te.Stage, tile: tuple[int, int]) -> None:
+    """conv2d with the weights and input tiles of each input-channel step in local memory.
+
+    A work-group owns CONV_TC * CONV_R output channels x a ``tile`` of output pixels; its
+    work-items (one flat ``threadIdx.x``) own CONV_R channels of one pixel. Per step of
+    CONV_KS input channels the group copies the weights (channels x step x KH x KW) and
+    the input patch the tile reads into local memory.
+    """
+    th, tw = tile
+    n, k, y, x = out.op.axis
+    ko, kk = out.split(k, factor=CONV_TC * CONV_R)
+    kt, ki = out.split(kk, factor=CONV_R)
+    yo, yt = out.split(y, factor=th)
+    xo, xt = out.split(x, factor=tw)
+    out.reorder(n, ko, yo, xo, kt, yt, xt, ki)
+    bz = out.fuse(n, ko)
+    out.bind(bz, thread_axis("blockIdx.z"))
+    out.bind(yo, thread_axis("blockIdx.y"))
+    out.bind(xo, thread_axis("blockIdx.x"))
+    t = out.fuse(kt, yt, xt)
+    out.bind(t, thread_axis("threadIdx.x"))
+    out.unroll(ki)
+    red.compute_at(out, t)
+    rn, rk, ry_, rx_ = red.op.axis
+    rc, ry, rx = red.op.reduce_axis
+    rco, rci = red.split(rc, factor=CONV_KS)
+    red.reorder(rn, ry_, rx_, rco, rci, ry, rx, rk)
+    red.unroll(rk)
+    nthreads = CONV_TC * CONV_PIX
+    for tns in dict.fromkeys(t_.producer for t_ in _loads_of(red.op)):
+        if red.schedule[tns].attach_type == "inline":
+            continue
+        c = s.cache_read(tns, "shared", [red])
+        cs = s[c]
+        cs.compute_at(red, rco)
+        f = cs.fuse(*c.op.axis)
+        _, tt = cs.split(f, factor=nthreads)
+        cs.bind(tt, thread_axis("threadIdx.x"))
+
+
+def _loads_of(op: Any) -> list[Any]:
+    from ...tir.expr import ProducerLoad
+    from ...tir.functor import post_order_visit
+
+    loads: list[Any] = []
+    post_order_visit(op.body[0], lambda n: loads.append(n) if isinstance(n, ProducerLoad) else None)
+    return loads
+
+
+def _attach_shared(s: te.Schedule, red: te.Stage, out: te.Stage, tensors: list[te.Tensor]) -> None:
+    """GEMM with local-memory tiles: ``red`` computed inside ``out``'s work-items.
+
+    A work-group owns a SHARED_BM x SHARED_BN block of the last two axes (leading axes:
+    ``blockIdx.z``); its SHARED_TY x SHARED_TX work-items (one flat ``threadIdx.x``) own
+    SHARED_R x SHARED_R register tiles. Per K-step of SHARED_KS, the group copies the
+    block's slices of every input in ``tensors`` into local memory (each work-item copies a
+    strided share), synchronizes, and accumulates from local memory.
+    """
+    axes = list(out.op.axis)
+    lead, i, j = axes[:-2], axes[-2], axes[-1]
+    by, ii = out.split(i, factor=SHARED_BM)
+    bx, jj = out.split(j, factor=SHARED_BN)
+    ty, yi = out.split(ii, factor=SHARED_R)
+    tx, xi = out.split(jj, factor=SHARED_R)
+    out.reorder(*lead, by, bx, ty, tx, yi, xi)
+    if lead:
+        bz = out.fuse(*lead) if len(lead) > 1 else lead[0]
+        out.bind(bz, thread_axis("blockIdx.z"))
+    out.bind(by, thread_axis("blockIdx.y"))
+    out.bind(bx, thread_axis("blockIdx.x"))
+    t = out.fuse(ty, tx)
+    out.bind(t, thread_axis("threadIdx.x"))
+    out.unroll(yi)
+    out.unroll(xi)
+    red.compute_at(out, t)
+    rax = list(red.op.axis)
+    ko, ki = red.split(red.op.reduce_axis[0], factor=SHARED_KS)
+    red.reorder(ko, ki, rax[-2], rax[-1])
+    red.unroll(rax[-2])
+    red.unroll(rax[-1])
+    nthreads = SHARED_TY * SHARED_TX
+    for tns in tensors:
+        c = s.cache_read(tns, "shared", [red])
+        cs = s[c]
+        cs.compute_at(red, ko)
+        f = cs.fuse(*c.op.axis) if len(c.op.axis) > 1 else c.op.axis[0]
+        _, tt = cs.split(f, factor=nthreads)
+        cs.bind(tt, thread_axis("threadIdx.x"))
+
+
 def schedule_gpu(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
     """Schedule any fused group for a GPU target (see the module docstring)."""
     s = prepare(outs)
     threads = _threads(target)
     readers = readers_after_inline(s)
     handled: set[int] = set()
-    for st in s.stages:
+    for st in list(s.stages):
         if not isinstance(st.op, te.ComputeOp) or st.attach_type != "root" or id(st.op) in handled:
             continue
         if st.op.reduce_axis:
             rd = readers.get(id(st.op), [])
             out = rd[0] if len(rd) == 1 else None
-            if (out is not None and out.is_output and not st.is_output and not out.op.reduce_axis
+            if _wants_tree(st, target):
+                schedule_tree_reduce(st)
+            elif (out is not None and out.is_output and not st.is_output and not out.op.reduce_axis
                     and id(out.op) not in handled and out.op.axis
                     and tuple(out.op.output(0).shape) == tuple(st.op.output(0).shape)):
-                _attach_tiled(st, out)
+                cached = _shared_candidates(st, out, target)
+                ctile = _conv_tile(st, target) if cached is None else None
+                if cached is not None:
+                    _attach_shared(s, st, out, cached)
+                elif ctile is not None:
+                    _attach_shared_conv(s, st, out, ctile)
+                else:
+                    _attach_tiled(st, out)
                 handled.add(id(out.op))
             else:
                 bind_flat(st, st.op.axis, REDUCE_THREADS)
