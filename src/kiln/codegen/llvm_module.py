@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import llvmlite.binding as llvm
 
 from ..runtime.errors import CompileError, KilnError
+from ..runtime.library_module import CompiledOnDemand
 from ..runtime.module import Module, PackedFunction
 from ..tir.stmt import PrimFunc
 from . import cache
@@ -84,7 +85,7 @@ def _optimize(ir_text: str, target: Any) -> Any:
         return mod, tm
 
 
-class LLVMModule(Module):
+class LLVMModule(CompiledOnDemand, Module):
     """Kernels compiled by LLVM (type key ``"llvm"``; DSO-exportable object code).
 
     Parameters
@@ -176,31 +177,6 @@ class LLVMModule(Module):
                     path = cache.build_shared([("lib.o", self.object_code())], [], target=str(self.target))
                     self._lib = LibraryModule(path, exported=ElfFile(path).exported_functions())
         return self._lib
-
-    def library(self):  # noqa: ANN201
-        """The in-process library (linked on first call; needs a C compiler for the crt)."""
-        return self._library()
-
-    def native_address(self, symbol: str) -> int | None:
-        """Address of ``symbol`` in the in-process library."""
-        return self._library().native_address(symbol)
-
-    def run_sequence(self, calls: Any, n: int) -> int:
-        """``KilnRunSequence`` of the in-process library."""
-        return self._library().run_sequence(calls, n)
-
-    @property
-    def run_sequence_cfunc(self) -> Any:
-        """The raw ctypes ``KilnRunSequence`` of the in-process library."""
-        return self._library().run_sequence_cfunc
-
-    def last_error(self) -> str:
-        """Last error recorded by this module's kernels on this thread."""
-        return self._library().last_error() if self._lib is not None else ""
-
-    def set_num_threads(self, n: int) -> None:
-        """Thread count of this module's parallel loops."""
-        self._library().set_num_threads(n)
 
     def _get_local_function(self, name: str) -> PackedFunction | None:
         if name not in self.func_names:

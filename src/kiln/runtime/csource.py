@@ -15,12 +15,13 @@ import weakref
 from typing import Any, Sequence
 
 from .errors import InputError, KilnError
+from .library_module import CompiledOnDemand
 from .module import Module, PackedFunction
 
 __all__ = ["CSourceModule", "csource_module"]
 
 
-class CSourceModule(Module):
+class CSourceModule(CompiledOnDemand, Module):
     """C source code exporting packed functions.
 
     Parameters
@@ -88,32 +89,6 @@ class CSourceModule(Module):
                 weakref.finalize(lib, shutil.rmtree, tmp, True)
                 self._lib = lib
         return self._lib
-
-    def library(self):  # -> LibraryModule
-        """The in-process compiled library (compiled on first call; needs a C compiler)."""
-        return self._library()
-
-    # Library services, so executors can treat a C source module like a loaded library.
-    def native_address(self, symbol: str) -> int | None:
-        """Address of ``symbol`` in the in-process compiled library."""
-        return self._library().native_address(symbol)
-
-    def run_sequence(self, calls: Any, n: int) -> int:
-        """``KilnRunSequence`` of the in-process compiled library (see LibraryModule)."""
-        return self._library().run_sequence(calls, n)
-
-    @property
-    def run_sequence_cfunc(self) -> Any:
-        """The raw ctypes ``KilnRunSequence`` of the in-process compiled library."""
-        return self._library().run_sequence_cfunc
-
-    def last_error(self) -> str:
-        """Last error recorded by this module's kernels on this thread."""
-        return self._library().last_error() if self._lib is not None else ""
-
-    def set_num_threads(self, n: int) -> None:
-        """Thread count of this module's parallel loops."""
-        self._library().set_num_threads(n)
 
     def _get_local_function(self, name: str) -> PackedFunction | None:
         if name not in self.func_names:

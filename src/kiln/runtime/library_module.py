@@ -10,7 +10,7 @@ from . import _ffi
 from .errors import FormatError, KilnError, KilnFileNotFoundError
 from .module import Module, PackedFunction
 
-__all__ = ["LibraryModule", "CRT_FUNCTIONS"]
+__all__ = ["LibraryModule", "CompiledOnDemand", "CRT_FUNCTIONS"]
 
 #: Functions the Kiln crt exports into every library; they are services, not packed
 #: kernels, so ``get_function`` never hands them out (calling them packed would crash).
@@ -150,3 +150,42 @@ class LibraryModule(Module):
 
     def __repr__(self) -> str:
         return f"LibraryModule({self.path!r}, imports={len(self._import_list())})"
+
+
+class CompiledOnDemand:
+    """Library services of a module that compiles itself into a :class:`LibraryModule` on
+    first use (C source modules, LLVM modules), so executors treat it like a loaded library.
+
+    The class using it provides ``_library()`` (compile/link once, return the
+    ``LibraryModule``) and the attribute ``_lib`` (None until then).
+    """
+
+    _lib: "LibraryModule | None"
+
+    def _library(self) -> "LibraryModule":  # pragma: no cover - provided by the module class
+        raise NotImplementedError
+
+    def library(self) -> "LibraryModule":
+        """The in-process library (compiled and linked on first call; needs a C compiler)."""
+        return self._library()
+
+    def native_address(self, symbol: str) -> int | None:
+        """Address of ``symbol`` in the in-process library."""
+        return self._library().native_address(symbol)
+
+    def run_sequence(self, calls: Any, n: int) -> int:
+        """``KilnRunSequence`` of the in-process library (see :class:`LibraryModule`)."""
+        return self._library().run_sequence(calls, n)
+
+    @property
+    def run_sequence_cfunc(self) -> Any:
+        """The raw ctypes ``KilnRunSequence`` of the in-process library."""
+        return self._library().run_sequence_cfunc
+
+    def last_error(self) -> str:
+        """Last error recorded by this module's kernels on this thread."""
+        return self._library().last_error() if self._lib is not None else ""
+
+    def set_num_threads(self, n: int) -> None:
+        """Thread count of this module's parallel loops."""
+        self._library().set_num_threads(n)
