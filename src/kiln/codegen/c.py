@@ -284,23 +284,9 @@ class CCodeGen:
         return f"{fn}({', '.join(args)})"
 
     def _offset(self, b: Buffer, indices: Sequence[PrimExpr]) -> str:
-        if len(indices) != b.ndim:
-            raise CompileError(f"C codegen: buffer {b.name} indexed with {len(indices)} indices, has {b.ndim} dims")
-        if b.ndim == 0:
+        if b.ndim == 0 and not indices:
             return "0"
-        from ..tir.simplify import simplify
-
-        flat: PrimExpr | None = None
-        wide = b.size >= 2**31
-        for idx, stride in zip(indices, b.strides):
-            if wide and idx.dtype != "int64":
-                from ..tir.expr import cast
-
-                idx = cast(idx, "int64")
-            term = idx * stride
-            flat = term if flat is None else flat + term
-        flat = simplify(flat, {v: (0, 2**31 - 1) for v in self._st.nonneg})
-        return self.expr(flat)
+        return self.expr(b.flat_offset(indices, self._st.nonneg, "C codegen"))
 
     # ------------------------------------------------------------------ statements
     def _stmt(self, s: Stmt, out: list[str], ind: int) -> None:

@@ -464,20 +464,7 @@ class LLVMCodeGen:
         base = st.bufs.get(id(buf.data))
         if base is None:
             raise CompileError(f"LLVM codegen: buffer {buf.name} used outside its allocation")
-        if len(indices) != buf.ndim:
-            raise CompileError(f"LLVM codegen: buffer {buf.name} indexed with {len(indices)} indices, has {buf.ndim}")
-        flat: PrimExpr | None = None
-        wide = buf.size >= 2**31
-        for idx, stride in zip(indices, buf.strides):
-            if wide and idx.dtype != "int64":
-                from ..tir.expr import cast
-
-                idx = cast(idx, "int64")
-            t = idx * stride
-            flat = t if flat is None else flat + t
-        if flat is None:
-            flat = IntImm(0)
-        flat = simplify(flat, {v: (0, 2**31 - 1) for v in st.nonneg})
+        flat = buf.flat_offset(indices, st.nonneg, "LLVM codegen")
         iv = self._expr(st, flat, index=True)
         if iv.type != I64:
             iv = st.b.sext(iv, I64)

@@ -67,6 +67,30 @@ class Buffer:
             acc *= s
         return tuple(reversed(out))
 
+    def flat_offset(self, indices: Sequence[PrimExpr], nonneg: Any = (), who: str = "codegen") -> PrimExpr:
+        """Row-major element offset of ``self[indices]``, simplified for code generation.
+
+        Indices are widened to int64 when the buffer has 2**31 or more elements; ``nonneg``
+        are variables known to be in ``[0, 2**31)`` (loop indices), which lets the simplifier
+        fold the sum. ``who`` names the caller in the error for a wrong index count.
+        """
+        from .expr import cast
+        from .simplify import simplify
+
+        if len(indices) != self.ndim:
+            raise CompileError(f"{who}: buffer {self.name} indexed with {len(indices)} indices, "
+                               f"has {self.ndim} dims")
+        if self.ndim == 0:
+            return IntImm(0)
+        flat: PrimExpr | None = None
+        wide = self.size >= 2**31
+        for idx, stride in zip(indices, self.strides):
+            if wide and idx.dtype != "int64":
+                idx = cast(idx, "int64")
+            term = idx * stride
+            flat = term if flat is None else flat + term
+        return simplify(flat, {v: (0, 2**31 - 1) for v in nonneg})
+
     def __getitem__(self, idx: Any) -> Load:
         idx = idx if isinstance(idx, tuple) else (idx,)
         if len(idx) != self.ndim:
