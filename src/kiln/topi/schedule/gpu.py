@@ -72,13 +72,11 @@ MIN_WORK_ITEMS = 256
 #: least :data:`TREE_MIN_REDUCE` terms each.
 TREE_THREADS = 64
 TREE_MIN_REDUCE = 32
-#: OpenCL, measured on PoCL (same process, medians of 11, tree / one work-item per output):
-#: a single output pays or ties -- sum of 1e6 0.87 (and error 1.2e-4 instead of 6.3e-3),
-#: sum of 4096 0.94, 2 x 5e5 0.97 -- but a few outputs lose: 8 x 1e5 max 1.49, 128 x 384
-#: mean 1.39, 200 x 2048 sum 1.53 (PoCL runs the per-output loops of a group as SIMD lanes,
-#: and each barrier splits the group's work-item loop). CUDA: one work-item per output
-#: leaves a GPU idle below a few thousand outputs; trees up to MIN_WORK_ITEMS outputs (not
-#: measured: no GPU here).
+#: OpenCL, measured on PoCL with ad-hoc one-op models (tree vs one work-item per output, same
+#: process): a single output ties or wins (and a long sum is more accurate), a few outputs
+#: lose (PoCL runs the per-output loops of a group as SIMD lanes, and each barrier splits the
+#: group's work-item loop). CUDA: one work-item per output leaves a GPU idle below a few
+#: thousand outputs; trees up to MIN_WORK_ITEMS outputs (not measured: no GPU here).
 TREE_MAX_OUTPUTS: dict[str, int] = {"opencl": 1, "cuda": MIN_WORK_ITEMS - 1, "gpu": 1}
 #: Local-memory tiled GEMM (see :func:`_attach_shared`): a work-group of SHARED_TY x SHARED_TX
 #: work-items, each a SHARED_R x SHARED_R register tile, stages SHARED_BM x SHARED_KS tiles
@@ -88,11 +86,10 @@ SHARED_TY = SHARED_TX = 16
 SHARED_BM = SHARED_BN = SHARED_R * SHARED_TY
 SHARED_KS = 8
 #: Which op tags use the local-memory tiles, per target kind (where they pay).
-#: OpenCL: measured on PoCL (OpenCL on the 2-core CPU; same process, medians, see
-#: docs/devices.md) the local tiles are always slower than the register tiles -- dense
-#: 128x384x384 38.8 vs 10.2 ms (3.8x), 128x384x1536 3.9x, batch matmul 12x128x64x128 2.0x,
-#: conv 3x3 64->64 56x56 3.0x, 7x7/2 first ResNet conv 4.4x -- because PoCL backs local
-#: memory with ordinary memory and serializes work-items between barriers: off.
+#: OpenCL: measured on PoCL (OpenCL on the 2-core CPU; `python bench/bench_opencl_local.py`,
+#: table in docs/devices.md) the local tiles are 2.8-4.6x slower than the register tiles for
+#: every dense / batch matmul / conv case, because PoCL backs local memory with ordinary
+#: memory and serializes work-items between barriers: off.
 #: CUDA: shared-memory blocking is what GEMMs on discrete GPUs rely on; on, but NOT measured
 #: (no GPU here) -- measure with tests/cuda on a GPU and switch off what does not pay.
 SHARED_TAGS: dict[str, dict[str, bool]] = {
