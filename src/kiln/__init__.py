@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .runtime.errors import KilnError
+from .runtime.errors import KilnError as KilnError  # re-exported: kiln.KilnError
 
 __version__ = "0.1.0"
 

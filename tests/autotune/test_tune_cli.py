@@ -32,9 +32,14 @@ def test_tune_cli_writes_log_and_table(tuned_log):
     assert head[:6] == ["#", "kind", "calls", "default", "ms", "best"]
     row = p.stdout.splitlines()[1].split()
     assert row[1] == "dense" and row[2] == "1" and row[5].endswith("x")
-    assert "(2 records appended)" in p.stdout
     recs = [json.loads(s) for s in open(log)]
-    assert len(recs) == 2 and recs[0]["is_default"] and recs[0]["kind"] == "dense"
+    assert f"({len(recs)} records appended)" in p.stdout
+    # two trials; when the candidate measured faster than the default (timing noise on a
+    # 0.2 ms kernel can do that), confirmation rounds re-measure both and append pairs
+    trials = [r for r in recs if "confirm" not in r]
+    confirms = [r for r in recs if "confirm" in r]
+    assert len(trials) == 2 and len(confirms) % 2 == 0, recs
+    assert recs[0]["is_default"] and recs[0]["kind"] == "dense"
     assert recs[0]["median_s"] > 0 and recs[0]["target"] == "llvm"
 
 

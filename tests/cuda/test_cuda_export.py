@@ -14,7 +14,7 @@ import pytest
 import kiln
 from kiln.runtime.errors import DeviceError
 
-from resnet_onnx import resnet18
+from tests.cuda.resnet_onnx import resnet18
 
 HW = 64  # the ResNet-18 graph and kernels are those of 224x224; smaller shapes build faster
 

@@ -7,19 +7,15 @@ the normal run, where they skip). Models are compared with ONNX Runtime (CPU) at
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
 import kiln
-
-from resnet_onnx import resnet18, resnet50
+from tests.cuda.resnet_onnx import resnet18, resnet50
+from tests.repo_scripts import load_repo_script
 
 pytestmark = pytest.mark.gpu
 RTOL, ATOL = 1e-3, 1e-4
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _ort(model, feeds):
@@ -89,16 +85,13 @@ def test_resnet50_matches_onnxruntime(needs_gpu, needs_nvrtc, tmp_path) -> None:
 def test_minilm_matches_onnxruntime(needs_gpu, needs_nvrtc, tmp_path) -> None:
     """all-MiniLM-L6-v2 from ``bench/models.py`` (needs torch and the weights package)."""
     pytest.importorskip("torch")
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
     try:
-        import models as bench_models  # noqa: PLC0415
         import onnx
 
+        bench_models = load_repo_script("bench/models.py")
         path = bench_models.export("minilm", str(tmp_path / "onnx"))
-    except Exception as err:  # noqa: BLE001 - the weights package may be absent
+    except Exception as err:  # noqa: BLE001 - bench/ or the weights package may be absent
         pytest.skip(f"MiniLM export unavailable: {err}")
-    finally:
-        sys.path.pop(0)
     model = onnx.load(str(path))
     feeds = bench_models.model_specs()["minilm"]["inputs"]
     out, _ = _run_cuda(model, feeds, tmp_path)

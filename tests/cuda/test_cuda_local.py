@@ -5,17 +5,13 @@ The CUDA C checks need nothing; the PTX checks compile with NVRTC (skipped witho
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 
 import pytest
 
 from kiln.runtime.errors import CompileError
 from kiln.target import Target
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "opencl"))
-from test_opencl_local import shared_matmul, tree_reduce  # noqa: E402
+from tests.opencl.local_kernels import shared_matmul, tree_reduce
 
 
 def test_shared_tiles_in_cuda_source() -> None:

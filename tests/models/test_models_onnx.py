@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln_model_zoo import ATOL, MODELS, RTOL, run_factory, run_in_fresh_process, run_ort
+from tests.models.kiln_model_zoo import ATOL, MODELS, RTOL, run_factory, run_in_fresh_process, run_ort
 
 TARGETS = ["c", "llvm"]
 _CACHE: dict[tuple, Any] = {}

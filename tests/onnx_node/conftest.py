@@ -10,14 +10,9 @@ local run.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import node_cases  # noqa: E402,F401  (helpers for the tests of this folder)
+from tests.onnx_node import node_cases
 
 
 @pytest.fixture(scope="session")

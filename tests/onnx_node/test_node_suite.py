@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-import node_cases
-from included_cases import INCLUDED, SLOW
+from tests.onnx_node import node_cases
+from tests.onnx_node.included_cases import INCLUDED, SLOW
 
 
 def _params():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import unittest
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import node_cases
 from kiln.frontend.onnx_backend import KilnBackend, STAGE_NOTE, shape_inputs
+from tests.onnx_node import node_cases
 
 
 def _model(nodes, inputs, outputs, opset=17):

@@ -22,7 +22,6 @@ from kiln.runtime.errors import DeviceError, FormatError, InputError, KilnError
 from kiln.te.schedule import thread_axis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 HAS_CL = kiln.opencl().exist
 needs_cl = pytest.mark.skipif(not HAS_CL, reason="no OpenCL device (install ocl-icd-libopencl1 and pocl-opencl-icd)")
 
@@ -244,8 +243,7 @@ def _export_and_run_fresh(model, feeds, tmp_path):
 
 @needs_cl
 def test_cnn_exported_runs_in_fresh_process_like_onnxruntime(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
-    import kiln_model_zoo as zoo
+    from tests.models import kiln_model_zoo as zoo
 
     model, feeds = zoo.cnn()
     outs = _export_and_run_fresh(model, feeds, tmp_path)
@@ -255,13 +253,8 @@ def test_cnn_exported_runs_in_fresh_process_like_onnxruntime(tmp_path):
 
 @needs_cl
 def test_resnet18_opencl_one_so_fresh_process_matches_onnxruntime(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("resnet_onnx", os.path.join(ROOT, "tests", "cuda", "resnet_onnx.py"))
-    rn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rn)
-    sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
-    import kiln_model_zoo as zoo
+    from tests.cuda import resnet_onnx as rn
+    from tests.models import kiln_model_zoo as zoo
 
     # 224x224 is the real network; the reduced resolution keeps CI time to seconds with
     # every layer, kernel kind and parameter of ResNet-18 still exercised.

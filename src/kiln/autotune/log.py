@@ -105,18 +105,18 @@ def _parse_line(line: str, src: str, lineno: int) -> TuningRecord:
     if not isinstance(cfg, dict) or not KNOB_SPACES[wl[0]].contains(cfg):
         raise _bad(src, lineno, f"'config' must be an object with knobs of {wl[0]!r}: "
                    f"{sorted(KNOB_SPACES[wl[0]].knobs)}")
-    med = d.get("median_s")
-    err = d.get("error")
-    if err is not None and not isinstance(err, str):
+    med: Any = d.get("median_s")  # validated below
+    error = d.get("error")
+    if error is not None and not isinstance(error, str):
         raise _bad(src, lineno, "'error' must be a string or null")
-    if err is None and (not isinstance(med, (int, float)) or isinstance(med, bool) or not med > 0):
+    if error is None and (not isinstance(med, (int, float)) or isinstance(med, bool) or not med > 0):
         raise _bad(src, lineno, "'median_s' must be a positive number when 'error' is null")
     gf = d.get("gflops")
     known = {"workload", "kind", "target", "config", "median_s", "gflops", "error", "is_default",
              "kiln_version", "timestamp"}
-    return TuningRecord(workload_key(*wl), tgt, dict(cfg), float(med) if err is None else None,
+    return TuningRecord(workload_key(*wl), tgt, dict(cfg), float(med) if error is None else None,
                         float(gf) if isinstance(gf, (int, float)) and not isinstance(gf, bool) else None,
-                        err, bool(d.get("is_default", False)), str(d.get("kiln_version", "")),
+                        error, bool(d.get("is_default", False)), str(d.get("kiln_version", "")),
                         str(d.get("timestamp", "")), {k: v for k, v in d.items() if k not in known})
 
 

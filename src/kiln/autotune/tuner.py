@@ -15,7 +15,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -331,7 +331,7 @@ def tune(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm"
         space = KNOB_SPACES[task.kind]
         defaults = dict(task.defaults)
         cands = [defaults] + space.sample(trials - 1, rng, exclude=[defaults],
-                                          valid=lambda c, t=task: _valid_config(t, c) and _differs(t, c, defaults))
+                                          valid=lambda c, t=task, d=defaults: _valid_config(t, c) and _differs(t, c, d))
         res = TuneResult(task)
         ref: list[np.ndarray] | None = None
         inputs: list[np.ndarray] | None = None
@@ -339,7 +339,7 @@ def tune(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm"
         built: dict[int, tuple[Any, Any]] = {}
         for ci, cfg in enumerate(cands):
             rec = TuningRecord(task.workload, tk, dict(cfg), is_default=(ci == 0), kiln_version=__version__,
-                               timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                               timestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                extra={"calls": task.calls})
             try:
                 low = _lower_one(task, None if ci == 0 else cfg, tgt)
@@ -386,7 +386,7 @@ def tune(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm"
                     src = res.records[ci]
                     rec = TuningRecord(task.workload, tk, dict(src.config), is_default=src.is_default,
                                        kiln_version=__version__,
-                                       timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                       timestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                        extra={"calls": task.calls, "confirm": rnd + 1})
                     try:
                         rec.median_s = _measure(module, call, inputs, number, repeat, min_repeat_ms, timeout)[0]

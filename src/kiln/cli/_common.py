@@ -490,7 +490,8 @@ def load_factory(path: str) -> Any:
 
     require_file(path, "library")
     if path.lower().endswith(".onnx"):
-        raise InputError(f"{path} is an ONNX model, not a compiled library; build it first: kiln build {path} -o model.so")
+        raise InputError(f"{path} is an ONNX model, not a compiled library; "
+                         f"build it first: kiln build {path} -o model.so")
     root = load_module(path)
     for m in _walk(root):
         if m.type_key == "GraphExecutorFactory":
@@ -548,6 +549,7 @@ def random_inputs(shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str]
         dt = dtypes.get(name, "float32")
         npdt = np_dtype(dt)
         shape = tuple(int(d) for d in shape)
+        arr: np.ndarray
         if dt == "bool":
             arr = rng.random(shape) < 0.5
         elif np.issubdtype(npdt, np.integer):
@@ -809,13 +811,15 @@ def dot_from_graph_json(graph_json: Any, param_names: Sequence[str] = (), title:
         shape = _shape_str(g.shape[e])
         if node.func_name in ("__nop", "__copy"):
             first[nid] = last[nid] = f"n{nid}"
-            lines.append(f"  n{nid} [style=dashed, label={_dot_str(f'{node.func_name} (alias)' if node.func_name == '__nop' else node.func_name)}];")
+            label = f"{node.func_name} (alias)" if node.func_name == "__nop" else node.func_name
+            lines.append(f"  n{nid} [style=dashed, label={_dot_str(label)}];")
             continue
         ops = _group_ops(node)
         nparams = sum(1 for (src, _, _) in node.inputs if not g.nodes[src].is_op and g.nodes[src].name in params)
         glabel = node.func_name + (f" ({nparams} params)" if nparams else "")
         lines.append(f"  subgraph cluster_n{nid} {{")
-        lines.append(f"    label={_dot_str(glabel)}; style=\"rounded,filled\"; fillcolor=\"#fbe9e7\"; color=\"#888888\";")
+        lines.append(f"    label={_dot_str(glabel)}; "
+                     'style="rounded,filled"; fillcolor="#fbe9e7"; color="#888888";')
         for k, op in enumerate(ops):
             lab = _lbl(op, shape) if k == len(ops) - 1 else _dot_str(op)
             lines.append(f"    n{nid}_{k} [label={lab}];")

@@ -99,7 +99,8 @@ def _shape_text(row: dict[str, Any]) -> str:
 
 def format_table(rows: list[dict[str, Any]], log: str) -> str:
     """The per-task summary: default vs best time (medians of all their runs) and the speedup."""
-    lines = [f"{'#':>3} {'kind':<13} {'calls':>5} {'default ms':>11} {'best ms':>10} {'speedup':>8}  best config / shape"]
+    lines = [f"{'#':>3} {'kind':<13} {'calls':>5} {'default ms':>11} {'best ms':>10} {'speedup':>8}"
+             "  best config / shape"]
     for i, r in enumerate(rows, 1):
         dm = f"{r['default_ms']:.4f}" if r["default_ms"] is not None else "error"
         bm = f"{r['best_ms']:.4f}" if r["best_ms"] is not None else "error"

@@ -219,7 +219,7 @@ def cross_compiler(
             create_shared(output, objects, options, **kw)
 
         fmt_default, obj_default = "so", "o"
-        triple = get_target_triple or _triple_of(cc_cmd)
+        triple: Callable[[], str | None] | None = get_target_triple or _triple_of(cc_cmd)
     else:
         run_compile = compile_func
         fmt_default = getattr(compile_func, "output_format", "so")

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..runtime.errors import CompileError
 
@@ -54,7 +54,8 @@ def _wheel_candidates() -> list[str]:
     for root in roots:
         for pat in ("cuda_nvrtc/lib/libnvrtc.so.*", "cu13/lib/libnvrtc.so.*", "cuda_nvrtc/bin/nvrtc64_*.dll"):
             # libnvrtc.alt.so.* is the variant without the builtins' static linkage; prefer the plain one
-            out.extend(sorted(p for p in glob.glob(os.path.join(root, pat)) if ".alt." not in p and "builtins" not in p))
+            found = glob.glob(os.path.join(root, pat))
+            out.extend(sorted(p for p in found if ".alt." not in p and "builtins" not in p))
     return out
 
 
@@ -75,6 +76,11 @@ def _candidates() -> list[str]:
 
 
 class _NVRTC:
+    """The opened NVRTC library with typed entry points."""
+
+    if TYPE_CHECKING:  # the entry points are bound by name in __init__ from the signature table
+        def __getattr__(self, name: str) -> Any: ...
+
     def __init__(self, lib: ctypes.CDLL, path: str) -> None:
         self.path = path
         P = ctypes.POINTER

@@ -231,7 +231,7 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
     hetero = any(d != 1 for d in device_index)
     plan = plan_memory(entry_bytes, plan_ops, fixed, [eid(v) for v in graph.outputs],
                        devices=device_index if hetero else None)
-    gjson = {
+    gjson: dict[str, Any] = {
         "nodes": nodes,
         "arg_nodes": arg_nodes,
         "heads": heads,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class _Tokens:
             if m is None:
                 raise FormatError(f"IR text: unexpected character {text[pos]!r} at line "
                                   f"{text.count(chr(10), 0, pos) + 1}")
-            kind = m.lastgroup
+            kind = cast(str, m.lastgroup)  # every alternative of _TOKEN is a named group
             if kind != "ws":
                 self.toks.append((kind, m.group(), text.count("\n", 0, pos) + 1))
             pos = m.end()
@@ -153,8 +153,8 @@ class _Parser:
                                   f"{tok}.<index>")
             return v
         m = re.fullmatch(r"(\d+)\.(\d+)", name)
-        if m and isinstance(self.env.get(m.group(1)), list):
-            outs = self.env[m.group(1)]
+        outs = self.env.get(m.group(1)) if m else None
+        if m and isinstance(outs, list):
             k = int(m.group(2))
             if k < len(outs):
                 return outs[k]

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from typing import Any, Sequence
+from typing import Sequence
 
 from .errors import InputError, KilnError
 from .library_module import CompiledOnDemand

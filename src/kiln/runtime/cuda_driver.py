@@ -36,7 +36,7 @@ import struct
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .device import ALLOC_ALIGNMENT, Device, DeviceAPI, DeviceType, register_device_api
 from .errors import DeviceError, FormatError, InputError, KernelError, KilnError
@@ -398,6 +398,9 @@ _STATIC_SHARED_LIMIT = 48 * 1024
 class _Driver:
     """The opened driver library with typed entry points; one per process."""
 
+    if TYPE_CHECKING:  # the entry points are bound by name in __init__ from the signature table
+        def __getattr__(self, name: str) -> Any: ...
+
     def __init__(self, lib: ctypes.CDLL, path: str) -> None:
         self.path = path
         self._lib = lib
@@ -415,7 +418,8 @@ class _Driver:
             setattr(self, name, fn)
         # cuLaunchKernel without argtypes: the launcher passes ready ctypes values, which skips
         # ctypes' per-argument conversion (more than half the host cost of a launch).
-        self.launch_raw = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(self.cuLaunchKernel, ctypes.c_void_p).value)
+        address = ctypes.cast(self.cuLaunchKernel, ctypes.c_void_p).value  # non-NULL: the symbol was found
+        self.launch_raw = ctypes.CFUNCTYPE(ctypes.c_int)(address)  # type: ignore[arg-type]
         self._contexts: dict[int, int] = {}
         self._lock = threading.Lock()
         rc = self.cuInit(0)
@@ -735,7 +739,7 @@ class _Launcher:
 
     def _bad_arg(self, i: int, a: Any, device_id: int | None) -> InputError:
         f, spec = self.func, self.func.args[i]
-        dev = getattr(a, "device", None)
+        dev: Any = getattr(a, "device", None)
         if not isinstance(a, _ndarray_cls()):
             return InputError(f"cuda function {f.name!r}: argument {i} must be an NDArray on a CUDA device, "
                               f"got {type(a).__name__}")

@@ -197,7 +197,7 @@ class _ForeignOwner:
             deleter = managed.contents.deleter
             if deleter:
                 deleter(managed)
-        except Exception:  # pragma: no cover - interpreter shutdown: ctypes may be gone
+        except Exception:  # noqa: BLE001  # pragma: no cover - interpreter shutdown: ctypes may be gone
             pass
 
 

@@ -71,7 +71,7 @@ def _unsupported(dtype: Any) -> InputError:
     return InputError(f"unsupported dtype {dtype!r}; supported dtypes: {', '.join(SUPPORTED)}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _canonical_cached(dtype: Any) -> str:
     if isinstance(dtype, str) and dtype in _TABLE:
         return dtype
@@ -168,7 +168,7 @@ def from_dl(code: int, bits: int, lanes: int = 1) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _np_dtype_of_name(name: str) -> np.dtype:
     if name == "bfloat16":
         try:

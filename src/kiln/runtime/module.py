@@ -93,7 +93,7 @@ class PackedFunction:
         self.address = address
         self.module = module
         self._pyfunc = pyfunc
-        self._cfunc = None
+        self._cfunc: Any = None  # a ctypes function pointer once the address is known
         if address is not None:
             # No argtypes: ctypes then skips per-argument converters, which halves the call
             # cost; every argument below is already a ctypes array/byref/int/None.

@@ -38,6 +38,10 @@ class Target:
     ``-mcpu=native`` is resolved to the host CPU name and features at construction.
     """
 
+    kind: TargetKind
+    attrs: dict[str, Any]
+    host: Target | None
+
     def __init__(self, target: "str | dict[str, Any] | Target", host: Any = None) -> None:
         if isinstance(target, Target):
             self.kind, self.attrs = target.kind, dict(target.attrs)
@@ -66,8 +70,8 @@ class Target:
             attrs["keys"] = list(kind.default_keys)
         if kind.preprocess is not None:
             attrs = kind.preprocess(attrs)
-        self.kind: TargetKind = kind
-        self.attrs: dict[str, Any] = attrs
+        self.kind = kind
+        self.attrs = attrs
         self.host = None if host is None else Target(host)
 
     # ------------------------------------------------------------------ accessors
@@ -100,7 +104,7 @@ class Target:
     def __str__(self) -> str:
         parts = [self.kind.name]
         for k in self.kind.options:
-            v = self.attrs.get(k)
+            v: Any = self.attrs.get(k)  # typed by the option's declared type, checked below
             if k == "keys":
                 if v == self.kind.default_keys:
                     continue

@@ -141,7 +141,8 @@ def list_computes() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- schedules
-def register_schedule(op_name_or_pattern: Any, target_kind: str = "generic", fn: ScheduleFn | None = None, *,
+def register_schedule(op_name_or_pattern: Any, target_kind: str | Sequence[str] = "generic",
+                      fn: ScheduleFn | None = None, *,
                       override: bool = False) -> Any:
     """Register a schedule for an op name or a fusion pattern on a target kind (decorator).
 

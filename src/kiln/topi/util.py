@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from .. import te
 from ..runtime.errors import CompileError
@@ -54,7 +54,7 @@ def norm_axis(axis: int, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 
 
-def prod(xs: Sequence[int]) -> int:
+def prod(xs: Iterable[int]) -> int:
     """Product of ints (1 for empty)."""
     out = 1
     for x in xs:

@@ -102,7 +102,7 @@ class MemoryPlan:
                                   "storage_sizes": list(self.storage_sizes)}
         if self.storage_devices and any(d != 1 for d in self.storage_devices):
             per: dict[int, int] = {}
-            for i, (nb, d) in enumerate(zip(self.storage_sizes, self.storage_devices)):
+            for nb, d in zip(self.storage_sizes, self.storage_devices):
                 per[d] = per.get(d, 0) + nb
             out["storage_devices"] = list(self.storage_devices)
             out["bytes_per_device"] = {str(d): b for d, b in sorted(per.items())}
