@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from test_build_cmd import assert_user_error, kiln  # noqa: E402
+from tests.cli.cli_support import assert_user_error, kiln
+from tests.repo_scripts import load_repo_script
 
 DATA = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "src", "kiln", "data", "demo_cnn.onnx")
 
@@ -21,16 +22,9 @@ def test_demo_model_ships_and_is_small():
 
 def test_demo_model_matches_generator():
     pytest.importorskip("onnx")
-    import sys
-
-    tools = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "tools")
-    if not os.path.isfile(os.path.join(tools, "make_demo_model.py")):
+    make_demo_model = load_repo_script("tools/make_demo_model.py")
+    if make_demo_model is None:
         pytest.skip("tools/ not in this checkout")
-    sys.path.insert(0, tools)
-    try:
-        import make_demo_model
-    finally:
-        sys.path.pop(0)
     from kiln.cli.demo_cmd import demo_model_path
 
     with open(demo_model_path(), "rb") as f:

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 pytest.importorskip("onnx")
-from test_build_cmd import assert_user_error, bad_op_model, kiln, tiny_model  # noqa: E402
+from tests.cli.cli_support import assert_user_error, bad_op_model, kiln, tiny_model  # noqa: E402
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
-from test_build_cmd import assert_user_error, kiln, tiny_model  # noqa: E402
+from tests.cli.cli_support import assert_user_error, kiln, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,16 @@ import kiln
 from kiln.runtime import debug_executor
 from kiln.runtime.errors import InputError
 
-from executor_helpers import SHAPE, GraphBuilder
+from tests.executor.executor_helpers import SHAPE, GraphBuilder
 
 
 def _graph() -> str:
-    # x -> t(add_one) -> u(mul_two, reuses x's sid) -> r(__nop reshape) -> y(add_one)
+    # x -> t(add_one) -> u(mul_two) -> r(__nop reshape) -> y(add_one, reuses t's sid once t is dead)
     b = GraphBuilder()
     x = b.input("x", SHAPE)
     t = b.op("add_one", [x], name="t", sids=[1])
-    u = b.op("mul_two", [t], name="u", sids=[0])
-    r = b.op("__nop", [u], shapes=[[6]], name="r", sids=[0])
+    u = b.op("mul_two", [t], name="u", sids=[2])
+    r = b.op("__nop", [u], shapes=[[6]], name="r", sids=[2])
     y = b.op("add_one", [r], name="y", sids=[1])
     return b.json([y])
 
@@ -55,7 +55,7 @@ def test_debug_get_output_intermediates(dbg):
     t = X + 1
     u = t * 2
     np.testing.assert_allclose(dbg.debug_get_output("t").numpy(), t)
-    # u's storage was overwritten later (sid reuse) but the debug run captured it
+    # t's storage was overwritten later by y (sid reuse) but the debug run captured it
     np.testing.assert_allclose(dbg.debug_get_output("u").numpy(), u)
     np.testing.assert_allclose(dbg.debug_get_output(3).numpy(), u.reshape(6))
     np.testing.assert_allclose(dbg.debug_get_output("y").numpy(), u.reshape(6) + 1)

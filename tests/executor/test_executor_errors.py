@@ -13,7 +13,7 @@ from kiln.runtime import graph_executor
 from kiln.runtime.errors import FormatError, FunctionNotFoundError, InputError
 from kiln.runtime.graph_json import load_graph_json
 
-from executor_helpers import SHAPE, GraphBuilder, param_graph, two_kernel_graph
+from tests.executor.executor_helpers import SHAPE, GraphBuilder, param_graph, two_kernel_graph
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from kiln.runtime import graph_executor
 from kiln.runtime.executor_factory import ExecutorFactoryModule, loadbinary_GraphExecutorFactory
 from kiln.runtime.registry import BUILTIN_LOADER_MODULES, get_loader
 
-from executor_helpers import SHAPE, param_graph, two_kernel_graph
+from tests.executor.executor_helpers import SHAPE, param_graph, two_kernel_graph
 
 W = np.arange(6, dtype="float32").reshape(SHAPE) / 10
 

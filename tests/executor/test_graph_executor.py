@@ -12,7 +12,7 @@ from kiln.runtime import graph_executor
 from kiln.runtime.errors import KernelError
 from kiln.runtime.module import Module
 
-from executor_helpers import SHAPE, GraphBuilder, two_kernel_graph
+from tests.executor.executor_helpers import SHAPE, GraphBuilder, two_kernel_graph
 
 
 class DLPackOnly:
@@ -237,13 +237,15 @@ def test_set_input_after_zero_copy_restores_own_memory(clib):
 
 
 def test_zero_copy_input_and_output(clib, rng):
-    # x(sid0) -> t1(sid1) -> t2(sid0: reuses x's storage!) -> y(sid1: reuses t1's storage)
+    # x(sid0) -> t1(sid1) -> t2(sid2) -> y(sid1: reuses t1's storage once t1 is dead).
+    # (An intermediate may not reuse x's storage: the graph reader rejects that plan.)
     b = GraphBuilder()
     x = b.input("x", SHAPE)
     t1 = b.op("add_one", [x], sids=[1])
-    t2 = b.op("mul_two", [t1], sids=[0])
+    t2 = b.op("mul_two", [t1], sids=[2])
     y = b.op("add_one", [t2], sids=[1])
     m = graph_executor.create(b.json([y]), clib, kiln.cpu())
+    t1_eid = m.module.graph.entry_id(t1[0])
     x_np = rng.standard_normal(SHAPE).astype("float32")
     xin = kiln.nd.array(x_np)
     yout = kiln.nd.empty(SHAPE, "float32")
@@ -252,8 +254,10 @@ def test_zero_copy_input_and_output(clib, rng):
     m.run()
     want = (x_np + 1) * 2 + 1
     np.testing.assert_allclose(yout.numpy(), want, rtol=1e-6)
-    # t2 shares x's storage id but was not redirected into the user's input buffer
     np.testing.assert_array_equal(xin.numpy(), x_np)
+    # t1 shares y's storage id but was not redirected into the user's output buffer
+    assert m.module.arrays[t1_eid].data_ptr != yout.data_ptr
+    np.testing.assert_allclose(m.module.arrays[t1_eid].numpy(), x_np + 1, rtol=1e-6)
     np.testing.assert_allclose(m.get_output(0).numpy(), want, rtol=1e-6)
     # the executor reads the user's buffer on every run (no copy)
     xin.copyfrom(np.zeros(SHAPE, "float32"))

@@ -6,7 +6,7 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.runtime.errors import UnsupportedOpError
-from onnx_check import assert_close, make_model, rand, run_kiln, run_ort
+from tests.frontend.onnx_check import assert_close, make_model, rand, run_kiln, run_ort
 
 
 def _body(scan: bool = True, stop_at: int | None = None):

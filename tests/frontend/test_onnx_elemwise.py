@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from onnx_check import check_node, rand
+from tests.frontend.onnx_check import check_node, rand
 
 UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs", "Erf", "Floor", "Ceil", "Round",
          "Sign", "Sin", "Cos", "Softplus", "Softsign", "HardSwish", "Identity"]

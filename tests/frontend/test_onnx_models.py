@@ -8,7 +8,7 @@ import kiln
 from kiln.ir import evaluate
 from kiln.runtime.errors import InputError, UnsupportedOpError
 
-from onnx_check import assert_close, make_model, rand, run_ort
+from tests.frontend.onnx_check import assert_close, make_model, rand, run_ort
 
 N = helper.make_node
 

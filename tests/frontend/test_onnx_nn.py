@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from onnx_check import check_node, rand
+from tests.frontend.onnx_check import check_node, rand
 
 
 @pytest.mark.parametrize("attrs", [
@@ -292,7 +292,7 @@ def test_dropout_training_with_zero_ratio_is_identity():
 
 def test_dropout_training_with_nonzero_ratio_is_unsupported():
     import kiln
-    from onnx_check import make_model
+    from tests.frontend.onnx_check import make_model
     from onnx import helper
 
     from kiln.runtime.errors import UnsupportedOpError

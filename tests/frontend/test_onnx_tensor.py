@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from onnx_check import check_node, rand
+from tests.frontend.onnx_check import check_node, rand
 
 I64 = np.int64
 
@@ -221,7 +221,7 @@ def test_small_initializer_constant_keeps_its_name():
     import kiln
     from onnx import helper
 
-    from onnx_check import make_model
+    from tests.frontend.onnx_check import make_model
 
     node = helper.make_node("Add", ["x", "bias_init"], ["y"])
     model = make_model([node], {"x": rand(2, 3)}, ["y"],

@@ -203,7 +203,11 @@ def test_mutually_importing_dso_modules_become_one_library(tmp_path):
 
 def test_section_headers_stripped_falls_back_to_symbol(tree_so, tmp_path):
     path, _ = tree_so
+    from kiln.runtime.digest import TRAILER_MAGIC, TRAILER_SIZE
+
     data = bytearray(open(path, "rb").read())
+    if data.endswith(TRAILER_MAGIC):  # sstrip drops what follows the last segment: the digest too
+        del data[-TRAILER_SIZE:]
     data[40:48] = bytes(8)  # e_shoff = 0: no section table, as after `sstrip`
     data[60:64] = bytes(4)  # e_shnum = e_shstrndx = 0
     stripped = tmp_path / "stripped.so"

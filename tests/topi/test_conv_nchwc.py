@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import case_params, module_builder, target_available
-from harness import TARGETS, Case, Fused, fused_reference, lower_fused, make_inputs, run_and_check
+from tests.topi.harness import (TARGETS, Case, Fused, case_params, fused_reference, lower_fused, make_inputs,
+                                 module_builder, run_and_check, target_available)
 from kiln import codegen, te, topi
 from kiln.ir import Graph, OpPattern, get_op
 from kiln.ir.ops.layout import convert_layout, layout_shape, layout_to_primal, parse_layout, primal_to_layout

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import case_params, module_builder
-from harness import Case, ints, normal, positive, run_and_check, uniform
+from tests.topi.harness import Case, case_params, ints, module_builder, normal, positive, run_and_check, uniform
 
 S = (3, 7, 19)  # odd shape: exercises vector tails and fused outer loops
 F32 = "float32"

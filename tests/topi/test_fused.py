@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import target_available
-from harness import TARGETS, Fused, fused_reference, lower_fused, make_inputs, positive
+from tests.topi.harness import TARGETS, Fused, fused_reference, lower_fused, make_inputs, positive, target_available
 from kiln import codegen, te
 from kiln.ir import OpPattern, TensorType
 from kiln.runtime import ndarray as nd

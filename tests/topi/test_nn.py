@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import case_params, module_builder
-from harness import Case, positive, run_and_check
+from tests.topi.harness import Case, case_params, module_builder, positive, run_and_check
 
 F32 = "float32"
 

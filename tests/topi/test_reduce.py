@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import case_params, module_builder
-from harness import Case, positive, run_and_check, uniform, with_ties
+from tests.topi.harness import Case, case_params, module_builder, positive, run_and_check, uniform, with_ties
 
 F32 = "float32"
 S = (3, 5, 19)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import case_params, module_builder
-from harness import Case, ints, run_and_check
+from tests.topi.harness import Case, case_params, ints, module_builder, run_and_check
 
 F32 = "float32"
 
@@ -29,7 +28,7 @@ CASES: list[Case] = [
          label="neg"),
     Case("strided_slice", [((6, 7), "int32")], {"begin": (2,), "end": (5,), "strides": (1,), "axes": (0,)},
          label="rows"),
-    Case("take", [((5, 7, 3), F32), ((4,), "int64", ints(-7, 9))], {"axis": 1}),
+    Case("take", [((5, 7, 3), F32), ((4,), "int64", ints(-7, 7))], {"axis": 1}),
     Case("take", [((9, 4), F32), ((2, 3), "int32", ints(-9, 9))], {"axis": 0}, label="2didx"),
     Case("take", [((9,), "int64"), ((), "int64", ints(-9, 9))], {"axis": 0}, label="scalar"),
     Case("gather_elements", [((4, 6), F32), ((4, 3), "int64", ints(-6, 6))], {"axis": 1}),

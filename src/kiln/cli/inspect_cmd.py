@@ -1,7 +1,10 @@
 """``kiln inspect LIB.so|LIB.tar|MODEL.onnx``: show what a Kiln library (or a model) holds.
 
 For a library everything is read from the file (ELF section/symbol tables, or the tar
-members); no code from the library is loaded, and no module loader runs. Device modules
+members); no code from the library is loaded, and no module loader runs. This is the way to
+look at an untrusted library (``docs/security.md``). The file is checked exactly as
+``load_module`` checks it before ``dlopen`` (digest trailer, ELF tables, tar caps and
+manifest, blob), so a file ``load_module`` rejects gives the same one-line error here. Device modules
 (``cuda``, ``opencl``, plug-ins) are summarized by the payload describer their module type
 registers (:func:`kiln.runtime.registry.register_payload_describer`), which only parses bytes. ONNX models, the
 compiled-graph summary and ``--graph`` drawing are at the end of this file.
@@ -10,10 +13,11 @@ compiled-graph summary and ``--graph`` drawing are at the end of this file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tarfile
-from typing import Any
+from typing import Any, Iterator
 
 from ..runtime.errors import FormatError, KilnFileNotFoundError
 from ._common_target import DEFAULT_CLI_TARGET
@@ -133,10 +137,10 @@ def _format_device_module(desc: dict[str, Any], pad: str) -> list[str]:
 
 def _inspect_so(path: str) -> dict[str, Any]:
     from ..runtime import blob as _blob
-    from ..runtime.elf import ElfFile
+    from ..runtime.export import open_library_elf
     from ..runtime.library_module import CRT_FUNCTIONS
 
-    elf = ElfFile(path)
+    elf = open_library_elf(path)
     funcs = elf.exported_functions()
     info: dict[str, Any] = {
         "path": path,
@@ -156,38 +160,26 @@ def _inspect_so(path: str) -> dict[str, Any]:
 
 
 def _inspect_tar(path: str) -> dict[str, Any]:
+    from ..contrib.tar import open_archive
     from ..runtime import blob as _blob
-    from ..runtime.export import MANIFEST_NAME
+    from ..runtime.tar_manifest import MANIFEST_NAME, parse_manifest
 
-    try:
-        with tarfile.open(path, "r:*") as tf:
-            members = {m.name: m for m in tf.getmembers() if m.isfile()}
-            files = [{"name": n, "bytes": m.size} for n, m in members.items()]
-
-            def read(name: str) -> bytes:
-                m = members.get(name)
-                fh = tf.extractfile(m) if m is not None else None
-                if fh is None:
-                    raise FormatError(f"{path}: archive has no member {name!r}")
-                with fh:
-                    return fh.read()
-
-            if MANIFEST_NAME not in members:
-                raise FormatError(f"{path}: not a Kiln library archive (no {MANIFEST_NAME})")
-            try:
-                man = json.loads(read(MANIFEST_NAME).decode("utf-8"))
-            except (ValueError, UnicodeDecodeError) as err:
-                raise FormatError(f"{path}: {MANIFEST_NAME} is not valid JSON ({err})") from err
-            if not isinstance(man, dict):
-                raise FormatError(f"{path}: {MANIFEST_NAME} is not a JSON object")
-            blob_info = None
-            if man.get("blob"):
-                packed = read(str(man["blob"]))
-                raw = _blob.unpack(packed, f"{path}: {man['blob']}")
-                blob_info = _tree_info(raw, f"{path}: module blob")
-                blob_info["file"] = man["blob"]
-    except (tarfile.TarError, EOFError, OSError) as err:
-        raise FormatError(f"{path}: not a valid tar archive ({err})") from err
+    with open_archive(path) as arch, _format_errors(path, "tar archive"):
+        files = [{"name": n, "bytes": arch.size_of(n)} for n in arch.names()]
+        if arch.size_of(MANIFEST_NAME) is None:
+            raise FormatError(f"{path}: not a Kiln library archive (no {MANIFEST_NAME})")
+        man = parse_manifest(arch.read(MANIFEST_NAME), f"{path}: {MANIFEST_NAME}")
+        named = [m["file"] for m in man["modules"]] + [man["crt"], *man["addons"]]
+        for name in named + ([man["blob"]] if man["blob"] else []):
+            if arch.size_of(name) is None:
+                raise FormatError(f"{path}: {MANIFEST_NAME}: manifest names {name!r} but the archive "
+                                  "does not contain it")
+        blob_info = None
+        if man["blob"]:
+            packed = arch.read(man["blob"])
+            raw = _blob.unpack(packed, f"{path}: {man['blob']}")
+            blob_info = _tree_info(raw, f"{path}: module blob")
+            blob_info["file"] = man["blob"]
     funcs: list[str] = []
     for m in man.get("modules", []) or []:
         if isinstance(m, dict):
@@ -218,13 +210,40 @@ def inspect_library(path: str) -> dict[str, Any]:
         raise KilnFileNotFoundError(f"no such file: {path}")
     if not os.path.isfile(path):
         raise FormatError(f"{path}: not a file")
-    is_tar = path.endswith(".tar")
-    if not is_tar and not path.endswith(".so"):
-        try:
-            is_tar = tarfile.is_tarfile(path)
-        except OSError:
-            is_tar = False
-    return _inspect_tar(path) if is_tar else _inspect_so(path)
+    with _format_errors(path, "library"):
+        return _inspect_tar(path) if _is_tar(path) else _inspect_so(path)
+
+
+def _is_tar(path: str) -> bool:
+    """The same choice ``load_module`` makes: by extension, then by content."""
+    from ..contrib.tar import looks_like_tar
+
+    if path.endswith(".tar"):
+        return True
+    return not path.endswith((".so", ".dylib")) and looks_like_tar(path)
+
+
+@contextlib.contextmanager
+def _format_errors(path: str, what: str) -> Iterator[None]:
+    """Report a parser choking on bad bytes as a FormatError, as ``load_module`` does.
+
+    ``kiln.runtime.blob.deserialize`` turns a loader's unexpected exception into a
+    FormatError; inspect parses the same payloads itself, so it does the same here.
+    """
+    from ..runtime.errors import KilnError
+
+    try:
+        yield
+    except FormatError as err:
+        if path in str(err):
+            raise
+        raise FormatError(f"{path}: {err}") from err  # a parser that does not know the file name
+    except KilnError:
+        raise
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise FormatError(f"{path}: not a valid tar archive ({err})") from err
+    except Exception as err:  # noqa: BLE001 - e.g. UnicodeDecodeError, RecursionError, OverflowError
+        raise FormatError(f"{path}: malformed {what}: {type(err).__name__}: {err}") from err
 
 
 # ------------------------------------------------------------------------------------
@@ -291,21 +310,21 @@ def _raw_blob(path: str) -> Any:
     """The module blob of a library (no length header), or None; never loads the library."""
     from ..runtime import blob as _blob
 
-    if path.endswith(".tar") or (not path.endswith(".so") and tarfile.is_tarfile(path)):
-        from ..runtime.export import MANIFEST_NAME
+    if _is_tar(path):
+        from ..contrib.tar import open_archive
+        from ..runtime.tar_manifest import MANIFEST_NAME, parse_manifest
 
-        try:
-            with tarfile.open(path, "r:*") as tf:
-                man = json.loads(tf.extractfile(MANIFEST_NAME).read().decode("utf-8"))  # type: ignore[union-attr]
-                if not man.get("blob"):
-                    return None
-                packed = tf.extractfile(str(man["blob"])).read()  # type: ignore[union-attr]
-        except (KeyError, AttributeError, tarfile.TarError, OSError, ValueError) as err:
-            raise FormatError(f"{path}: cannot read the module blob ({err})") from err
+        with open_archive(path) as arch, _format_errors(path, "tar archive"):
+            if arch.size_of(MANIFEST_NAME) is None:
+                raise FormatError(f"{path}: not a Kiln library archive (no {MANIFEST_NAME})")
+            man = parse_manifest(arch.read(MANIFEST_NAME), f"{path}: {MANIFEST_NAME}")
+            if not man["blob"]:
+                return None
+            packed = arch.read(man["blob"])
         return _blob.unpack(packed, f"{path}: blob")
-    from ..runtime.elf import ElfFile
+    from ..runtime.export import open_library_elf
 
-    sec = ElfFile(path).section_data(_blob.SECTION_NAME)
+    sec = open_library_elf(path).section_data(_blob.SECTION_NAME)
     return None if sec is None else _blob.unpack(sec, f"{path}: section {_blob.SECTION_NAME}")
 
 
@@ -341,15 +360,17 @@ def compiled_model_info(path: str) -> dict[str, Any] | None:
     entry = next((e for e in d.entries if e.type_key == "GraphExecutorFactory"), None)
     if entry is None or entry.payload is None:
         return None
-    graph_json, mod_name, pbytes = _read_factory_payload(entry.payload, path)
-    params = load_param_dict(pbytes) if pbytes else {}
-    st = graph_json_stats(graph_json, list(params))
+    with _format_errors(path, "compiled model (GraphExecutorFactory payload)"):
+        graph_json, mod_name, pbytes = _read_factory_payload(entry.payload, path)
+        params = load_param_dict(pbytes) if pbytes else {}
+        st = graph_json_stats(graph_json, list(params))
+        inputs, outputs = _graph_inputs(graph_json, set(params)), _graph_outputs(graph_json)
     return {
         "mod_name": mod_name,
         "graph_json": graph_json,
         "graph_json_bytes": len(graph_json),
-        "inputs": _graph_inputs(graph_json, set(params)),
-        "outputs": _graph_outputs(graph_json),
+        "inputs": inputs,
+        "outputs": outputs,
         "params": {"count": len(params), "bytes": sum(int(v.nbytes) for v in params.values())},
         "kernel_calls": st.kernel_calls,
         "unique_functions": st.unique_functions,

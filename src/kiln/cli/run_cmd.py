@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         np.savez(args.output, **{f"output_{i}": o for i, o in enumerate(outs)})
         print(f"saved outputs to {args.output}")
     if args.compare:
-        names, ref = C.run_onnxruntime(args.compare, ordered, args.threads)
+        names, ref = _run_reference(C, args.compare, ordered, args.threads)
         if len(ref) != len(outs):
             raise KilnError(f"--compare: the ONNX model has {len(ref)} outputs, the library {len(outs)}")
         print(f"compare with onnxruntime ({args.compare}):")
@@ -110,6 +111,19 @@ def run(args: argparse.Namespace) -> int:
             raise KilnError(f"outputs differ from onnxruntime: max rel error {worst:.3g} > --rtol {args.rtol:g}")
         print(f"match: max rel error {worst:.3g} <= {args.rtol:g}")
     return 0
+
+
+def _run_reference(C: Any, model: str, inputs: dict[str, np.ndarray], threads: int | None
+                   ) -> tuple[list[str], list[np.ndarray]]:
+    """ONNX Runtime's outputs; its own refusal of the inputs becomes one KilnError line."""
+    try:
+        return C.run_onnxruntime(model, inputs, threads)
+    except KilnError:
+        raise
+    except Exception as err:  # noqa: BLE001 - ORT raises its own (pybind) exception types
+        detail = " ".join(str(err).split())
+        raise KilnError(f"--compare: onnxruntime rejected the inputs for {model}: {type(err).__name__}: "
+                        f"{detail}") from err
 
 
 def args_file(args: argparse.Namespace, name: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from ..runtime.errors import CompileError
 from ..tir.dtype import bits_of, dl_code, is_bool, is_float, is_integer, is_uint
 from ..tir.expr import (
-    BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
+    CHECKED_INDEX, BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
 )
 from ..tir.functor import collect_vars, post_order_visit
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
@@ -61,6 +61,13 @@ _MATH = {
 _CBIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
          "eq": "==", "ne": "!=", "and": "&&", "or": "||", "bitand": "&", "bitor": "|", "bitxor": "^",
          "shl": "<<", "shr": ">>", "truncdiv": "/", "truncmod": "%"}
+
+
+def _c_string(text: str) -> str:
+    """``text`` as a C string literal (printable ASCII kept, everything else escaped in octal)."""
+    body = "".join(ch if 32 <= ord(ch) < 127 and ch not in '"\\?' else
+                   "".join(f"\\{b:03o}" for b in ch.encode("utf-8")) for ch in text)
+    return f'"{body}"'
 
 
 def value_ctype(dtype: str) -> str:
@@ -110,6 +117,7 @@ class _FuncState:
         self.buffers: dict[int, Buffer] = {}
         self.par_depth = 0
         self.n_lambda = 0
+        self.n_index = 0  # checked-index temporaries (kiln_ixN_)
 
 
 class CCodeGen:
@@ -200,7 +208,7 @@ class CCodeGen:
             return self._nonneg(e.a) and self._nonneg(e.b)
         if isinstance(e, Cast) and is_integer(e.value.dtype):
             return self._nonneg(e.value)
-        return False
+        return isinstance(e, Call) and e.op == CHECKED_INDEX
 
     def expr(self, e: PrimExpr) -> str:
         """C text of an expression (in its value type, see :func:`value_ctype`)."""
@@ -270,6 +278,8 @@ class CCodeGen:
         return f"(({value_ctype(dst)}){v})"
 
     def _call(self, e: Call) -> str:
+        if e.op == CHECKED_INDEX:
+            return self._checked_index(e)
         args = [self.expr(a) for a in e.args]
         if e.op in ("isnan", "isinf", "isfinite"):
             return f"({e.op}({args[0]}) != 0)"
@@ -282,6 +292,17 @@ class CCodeGen:
         if adt != "float64":
             fn += "f"
         return f"{fn}({', '.join(args)})"
+
+    def _checked_index(self, e: Call) -> str:
+        """A GNU statement expression: wrap a negative index, return the error from the function
+        being emitted (the kernel or a parallel lambda) for one outside ``[-n, n)``."""
+        st = self._st
+        t = f"kiln_ix{st.n_index}_"
+        st.n_index += 1
+        v, n = self.expr(e.args[0]), self.expr(e.args[1])
+        return (f"({{ const int64_t {t} = {v}; if (__builtin_expect({t} < -{n} || {t} >= {n}, 0)) "
+                f"return kiln_index_error(\"{st.fname}\", {_c_string(e.text)}, {t}, {n}); "
+                f"{t} < 0 ? {t} + {n} : {t}; }})")
 
     def _offset(self, b: Buffer, indices: Sequence[PrimExpr]) -> str:
         if b.ndim == 0 and not indices:

@@ -94,6 +94,16 @@ static int32_t kiln_arg_error(const char* fmt, ...) {
   KilnAPISetLastError(msg);
   return -1;
 }
+/* The error path of kiln.checked_index: an index read from data is outside [-n, n).  Cold and
+ * out of line so that the check in the kernel's loop stays one compare and a not-taken branch. */
+__attribute__((cold, noinline)) static int32_t kiln_index_error(const char* fn, const char* what, int64_t v,
+                                                                int64_t n) {
+  if (n == 0)
+    return kiln_arg_error("%s: %s: index %lld is out of range: the axis has size 0, so no index is valid", fn,
+                          what, (long long)v);
+  return kiln_arg_error("%s: %s: index %lld is out of range [%lld, %lld]", fn, what, (long long)v,
+                        -(long long)n, (long long)n - 1);
+}
 /* Checks one DLTensor argument against the buffer the kernel was compiled for. */
 static int32_t kiln_check_tensor(const char* fn, int32_t i, const char* name, int32_t* type_codes, KilnValue* args,
                                  int32_t ndim, const int64_t* shape, uint8_t code, uint8_t bits) {

@@ -6,8 +6,24 @@ and the Kiln version.  Entries live under ``$KILN_CACHE_DIR`` (default ``~/.cach
 ``KILN_CACHE=0`` disables the cache.
 
 Robustness: an entry is written to a temporary file and ``os.replace``-d into place (atomic
-on POSIX), and a sidecar ``.sha256`` of its content is checked on every hit, so a truncated
-or corrupted entry is ignored (and rebuilt) rather than loaded.
+on POSIX), and a sidecar ``.mac`` is checked on every hit, so a truncated or corrupted entry
+is ignored (and rebuilt) rather than loaded.
+
+Trust: a cached ``.so`` is ``dlopen``-ed by the next build, so whoever can write the cache
+can run code as its user. Hence (``docs/security.md``):
+
+* the cache directory must be owned by the current user and not writable by group or
+  others; otherwise the cache is not used for this process (a warning is logged once) and
+  every build compiles afresh in a private temporary directory. A missing directory is
+  created with mode ``0700``;
+* the sidecar is an HMAC-SHA256 of the entry's name and content under a per-user key,
+  ``<cache>/hmac.key`` (32 random bytes, created ``0600``, refused unless owned by the user
+  and private), so an entry written by anyone without the key is never served.
+
+Size: after each new entry the cache is trimmed to ``$KILN_CACHE_MAX_BYTES`` (default
+:data:`DEFAULT_MAX_BYTES`, 1 GiB; ``0`` means unlimited), least recently used entries first
+(a hit refreshes an entry's modification time). Removing an entry that another process has
+mapped is safe on POSIX: the mapping outlives the name.
 
 :data:`stats` counts hits and misses (tests use it to see that a rebuild did not compile);
 the logger ``kiln.codegen.cache`` reports each at DEBUG level.
@@ -16,14 +32,24 @@ the logger ``kiln.codegen.cache`` reports each at DEBUG level.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import os
 import shlex
+import stat
 import tempfile
 import threading
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["cache_dir", "cache_enabled", "make_key", "cached_file", "build_shared", "stats", "reset_stats"]
+__all__ = ["cache_dir", "cache_enabled", "make_key", "cached_file", "build_shared", "stats", "reset_stats",
+           "max_bytes", "DEFAULT_MAX_BYTES", "KEY_FILE"]
+
+#: Default size cap of the cache (``$KILN_CACHE_MAX_BYTES`` overrides; ``0`` = unlimited).
+DEFAULT_MAX_BYTES = 1 << 30
+#: Name of the per-user HMAC key file inside the cache directory.
+KEY_FILE = "hmac.key"
+_MAC_EXT = ".mac"
+_warned: set[str] = set()
 
 log = logging.getLogger("kiln.codegen.cache")
 
@@ -66,20 +92,97 @@ def make_key(*parts: str | bytes) -> str:
     return h.hexdigest()
 
 
-def _digest_file(path: str) -> str:
-    h = hashlib.sha256()
+def max_bytes() -> int:
+    """``$KILN_CACHE_MAX_BYTES`` (``0``: unlimited), else :data:`DEFAULT_MAX_BYTES`."""
+    raw = os.environ.get("KILN_CACHE_MAX_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        _warn_once(f"bad:{raw}", "KILN_CACHE_MAX_BYTES=%r is not an integer; using %d", raw, DEFAULT_MAX_BYTES)
+        return DEFAULT_MAX_BYTES
+
+
+def _warn_once(tag: str, msg: str, *args: object) -> None:
+    with _lock:
+        if tag in _warned:
+            return
+        _warned.add(tag)
+    log.warning(msg, *args)
+
+
+def _private_problem(st: os.stat_result, what: str) -> str | None:
+    """Why a file/dir with this stat may not be trusted, or None."""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{what} is owned by uid {st.st_uid}, not by the current user ({os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"{what} is writable by group or others (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _trusted_root() -> str | None:
+    """The cache directory if this user alone can write it (created 0700 if missing), else None."""
+    root = cache_dir()
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        st = os.stat(root)
+    except OSError as err:
+        _warn_once(root, "compile cache %s is not usable (%s); compiling without it", root, err)
+        return None
+    problem = _private_problem(st, f"compile cache directory {root}")
+    if problem is not None:
+        _warn_once(root, "%s: anyone who can write it could make Kiln load their code; compiling "
+                   "without the cache (fix with: chmod 700 %s, or set KILN_CACHE_DIR)", problem, root)
+        return None
+    return root
+
+
+def _hmac_key(root: str) -> bytes | None:
+    """The per-user key of the cache at ``root`` (created 0600 on first use)."""
+    path = os.path.join(root, KEY_FILE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        _warn_once(path, "compile cache key %s cannot be created (%s); compiling without the cache", path, err)
+        return None
+    else:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            problem = _private_problem(os.fstat(f.fileno()), f"compile cache key {path}")
+            if problem is None and os.fstat(f.fileno()).st_mode & 0o077:
+                problem = f"compile cache key {path} is readable by group or others"
+            key = f.read(64)
+    except OSError as err:
+        problem, key = f"compile cache key {path} cannot be read ({err})", b""
+    if problem is None and len(key) != 32:
+        problem = f"compile cache key {path} is {len(key)} bytes, expected 32"
+    if problem is not None:
+        _warn_once(path, "%s; compiling without the cache", problem)
+        return None
+    return key
+
+
+def _mac_file(key: bytes, path: str) -> str:
+    """HMAC-SHA256 of the entry's base name and content (so entries cannot be swapped)."""
+    h = hmac.new(key, os.path.basename(path).encode("utf-8") + b"\0", hashlib.sha256)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
-def _valid(path: str) -> bool:
+def _valid(key: bytes, path: str) -> bool:
     try:
-        with open(path + ".sha256", "r", encoding="ascii") as f:
+        with open(path + _MAC_EXT, "r", encoding="ascii") as f:
             want = f.read().strip()
-        return bool(want) and _digest_file(path) == want
-    except OSError:
+        return bool(want) and hmac.compare_digest(_mac_file(key, path), want)
+    except (OSError, UnicodeDecodeError):
         return False
 
 
@@ -121,17 +224,20 @@ def cached_file(key: str, ext: str, produce: Callable[[str], None], what: str = 
         Absolute path of a valid entry.  When the cache is disabled or its directory is not
         writable, the entry is built in a fresh temporary directory instead.
     """
-    if not cache_enabled():
+    root = _trusted_root() if cache_enabled() else None
+    secret = _hmac_key(root) if root is not None else None
+    if root is None or secret is None:
         return _uncached(ext, produce)
-    d = os.path.join(cache_dir(), key[:2])
+    d = os.path.join(root, key[:2])
     path = os.path.join(d, f"{key}.{ext}")
-    if os.path.exists(path) and _valid(path):
+    if os.path.exists(path) and _valid(secret, path):
+        _touch(path)
         with _lock:
             stats["hits"] += 1
         log.debug("cache hit %s: %s", what, path)
         return path
     try:
-        os.makedirs(d, exist_ok=True)
+        os.makedirs(d, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=f".{ext}")
         os.close(fd)
     except OSError as err:
@@ -139,16 +245,58 @@ def cached_file(key: str, ext: str, produce: Callable[[str], None], what: str = 
         return _uncached(ext, produce)
     try:
         produce(tmp)
-        digest = _digest_file(tmp)
-        os.replace(tmp, path)  # entry first, then its checksum: a reader never validates a partial file
-        _atomic_write_text(path + ".sha256", digest + "\n")
+        os.replace(tmp, path)  # entry first, then its MAC: a reader never validates a partial file
+        _atomic_write_text(path + _MAC_EXT, _mac_file(secret, path) + "\n")
     except BaseException:
         _silent_remove(tmp)
         raise
     with _lock:
         stats["misses"] += 1
     log.debug("cache miss %s: built %s", what, path)
+    _evict(root, max_bytes(), keep=path)
     return path
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _evict(root: str, cap: int, keep: str) -> None:
+    """Remove least recently used entries (and their MACs) until the cache is within ``cap``."""
+    if cap <= 0:
+        return
+    entries: list[tuple[float, int, str]] = []
+    total = 0
+    try:
+        subdirs = [e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and len(e.name) == 2]
+    except OSError:
+        return
+    for sub in subdirs:
+        try:
+            files = list(os.scandir(sub))
+        except OSError:
+            continue
+        sizes = {f.path: f.stat(follow_symlinks=False) for f in files if f.is_file(follow_symlinks=False)}
+        for p, st in sizes.items():
+            total += st.st_size
+            if p.endswith(_MAC_EXT) or os.path.basename(p).startswith(".tmp_"):
+                continue
+            mac = sizes.get(p + _MAC_EXT)
+            entries.append((st.st_mtime, st.st_size + (mac.st_size if mac else 0), p))
+    if total <= cap:
+        return
+    for _mtime, size, p in sorted(entries):
+        if total <= cap:
+            break
+        if p == keep:
+            continue
+        _silent_remove(p + _MAC_EXT)  # the MAC first: a half-removed entry is never served
+        _silent_remove(p)
+        total -= size
+        log.debug("cache evict %s (%d bytes)", p, size)
 
 
 def _uncached(ext: str, produce: Callable[[str], None]) -> str:

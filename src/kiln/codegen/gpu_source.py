@@ -57,7 +57,9 @@ from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
 from ..tir.dtype import is_bool, is_float, is_integer, is_uint
-from ..tir.expr import BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var
+from ..tir.expr import (
+    CHECKED_INDEX, BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
+)
 from ..tir.functor import post_order_visit
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
 
@@ -468,12 +470,27 @@ class GPUSourceGenerator:
         return s
 
     def _call(self, e: Call) -> str:
+        if e.op == CHECKED_INDEX:
+            return self._clamped_index(e)
         args = [self.expr(a) for a in e.args]
         if e.op in ("isnan", "isinf", "isfinite"):
             return self.d.is_special_float(e.op, args[0], e.args[0].dtype)
         if e.op not in _MATH_OPS:
             raise CompileError(f"{self.d.name} codegen: unknown intrinsic {e.op!r}")
         return f"{self.d.math_function(e.op, e.args[0].dtype)}({', '.join(args)})"
+
+    def _clamped_index(self, e: Call) -> str:
+        """:data:`~kiln.tir.expr.CHECKED_INDEX` on a device: a kernel has no error path, so a
+        negative index wraps and an out-of-range one is clamped into ``[0, n)`` (memory stays
+        safe; the value is not an error as on the CPU targets)."""
+        n = e.args[1].value
+        if n == 0:
+            raise CompileError(f"{self.d.name} codegen: {e.text}: an index into a zero-size axis is never valid, "
+                               "and device kernels cannot report the error; run this op on the CPU")
+        t = self.d.type_name("int64")
+        v = self.expr(e.args[0])
+        wrapped = f"({v} < 0 ? {v} + ({t}){n} : {v})"
+        return f"kiln_min_i64(kiln_max_i64({wrapped}, ({t})0), ({t}){n - 1})"
 
     def _offset(self, b: Buffer, indices: Sequence[PrimExpr]) -> str:
         if b.ndim == 0 and not indices:

@@ -32,7 +32,7 @@ import llvmlite.ir as ir
 from ..runtime.errors import CompileError
 from ..tir.dtype import bits_of, dl_code, is_bool, is_float, is_integer, is_uint
 from ..tir.expr import (
-    BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
+    CHECKED_INDEX, BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
 )
 from ..tir.functor import collect_vars, post_order_visit
 from ..tir.simplify import simplify
@@ -100,6 +100,8 @@ def _safe(e: PrimExpr) -> bool:
         if isinstance(n, Load) or (isinstance(n, BinaryOp) and n.op in ("floordiv", "floormod", "truncdiv",
                                                                          "truncmod") and is_integer(n.dtype)):
             ok = False
+        elif isinstance(n, Call) and n.op == CHECKED_INDEX:
+            ok = False  # it may leave the function: never speculate it
 
     post_order_visit(e, f)
     return ok
@@ -458,7 +460,7 @@ class LLVMCodeGen:
             return self._nonneg(st, e.a) and self._nonneg(st, e.b)
         if isinstance(e, Cast) and is_integer(e.value.dtype):
             return self._nonneg(st, e.value)
-        return False
+        return isinstance(e, Call) and e.op == CHECKED_INDEX
 
     def _addr(self, st: _Fn, buf: Buffer, indices: Sequence[PrimExpr]) -> ir.Value:
         base = st.bufs.get(id(buf.data))
@@ -638,6 +640,8 @@ class LLVMCodeGen:
 
     def _call(self, st: _Fn, e: Call) -> ir.Value:
         b = st.b
+        if e.op == CHECKED_INDEX:
+            return self._checked_index(st, e)
         args = [self._expr(st, a) for a in e.args]
         ty = args[0].type
         if e.op in ("isnan", "isinf", "isfinite"):
@@ -657,6 +661,20 @@ class LLVMCodeGen:
         else:
             raise CompileError(f"LLVM codegen: unknown intrinsic {e.op!r}")
         return b.call(fn, args)
+
+    def _checked_index(self, st: _Fn, e: Call) -> ir.Value:
+        """Wrap a negative index; return the error from the current function (the kernel or a
+        parallel body) for one outside ``[-n, n)``, the same message as the C codegen's."""
+        b = st.b
+        v = self._expr(st, e.args[0])
+        n = e.args[1].value
+        bad = b.or_(b.icmp_signed("<", v, ir.Constant(I64, -n)), b.icmp_signed(">=", v, ir.Constant(I64, n)))
+        if n == 0:
+            fmt = f"{st.fname}: %s: index %lld is out of range: the axis has size 0, so no index is valid"
+        else:
+            fmt = f"{st.fname}: %s: index %lld is out of range [{-n}, {n - 1}]"
+        self._check(st, bad, fmt, [self._cstr(e.text), v])
+        return b.select(b.icmp_signed("<", v, ir.Constant(I64, 0)), _nsw(b.add(v, ir.Constant(I64, n))), v)
 
     # ------------------------------------------------------------------ explicit SIMD
     def _vector_for(self, st: _Fn, s: For) -> bool:

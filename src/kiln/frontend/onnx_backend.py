@@ -278,13 +278,14 @@ class KilnBackend(Backend):
         ``opt_level`` (3), ``freeze`` (names of extra inputs to make compile-time constants);
         others go to ``kiln.build``.
         """
-        if isinstance(model, (bytes, bytearray)):
-            model = onnx.load_from_string(bytes(model))
-        elif isinstance(model, (str, os.PathLike)):
-            model = onnx.load(os.fspath(model))
+        from kiln.frontend.onnx import load_onnx
+        from kiln.runtime.errors import DeviceError
+
+        # the frontend's loader: undecodable bytes / a missing file are Kiln errors here too
+        model = load_onnx(model)
         if not cls.supports_device(device):
-            raise RuntimeError(f"Kiln's ONNX backend does not support device {device!r} "
-                               "(CPU only)")
+            raise DeviceError(f"Kiln's ONNX backend does not support device {device!r} "
+                              "(CPU only)")
         super().prepare(model, device, **kwargs)  # onnx.checker.check_model
         return KilnBackendRep(model, device, **kwargs)
 

@@ -12,9 +12,8 @@ import os
 from typing import Any
 
 from .errors import *  # noqa: F401,F403  (the exception hierarchy is part of this namespace)
-from . import errors as _errors
 
-_LAZY: dict[str, str] = {
+_LAZY: dict[str, str | None] = {
     # arrays and devices
     "NDArray": "ndarray",
     "ndarray": "ndarray",

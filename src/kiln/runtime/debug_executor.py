@@ -145,9 +145,10 @@ class GraphModuleDebug(GraphModule):
     def _run_by_node(self, capture: bool) -> float:
         """Run every node separately, timing each; capture outputs to host if asked."""
         ex = self.module
+        ex.require_inputs()
         self._last_times = {}
         if capture:
-            # Inputs too: a plan may reuse an input's storage once the input is dead.
+            # Inputs too, as they were when this run started (debug_get_output shows them).
             g = ex.graph
             self._node_outputs = {nid: [ex.arrays[g.entry_id(nid)].numpy()] for nid in g.arg_nodes}
         clock = time.perf_counter

@@ -248,6 +248,18 @@ class DeviceAPI(abc.ABC):
     def alloc_data_space(self, dev: Device, nbytes: int, alignment: int, dtype: Any = None) -> int:
         """Allocate ``nbytes`` (``alignment``-aligned) and return a non-zero pointer/handle."""
 
+    def alloc_zeroed_data_space(self, dev: Device, nbytes: int, alignment: int, dtype: Any = None) -> int:
+        """Like :meth:`alloc_data_space`, but the memory reads as zeros (free it the same way).
+
+        The default allocates, then uploads host zeros; override it where the device can do
+        better (the CPU asks the C library's ``calloc`` for pages that are zero already).
+        """
+        ptr = self.alloc_data_space(dev, nbytes, alignment, dtype)
+        if nbytes:
+            zeros = np.zeros(int(nbytes), dtype=np.uint8)
+            self.copy_data_from_to(zeros.ctypes.data, 0, ptr, 0, int(nbytes), Device(1, 0), dev)
+        return ptr
+
     @abc.abstractmethod
     def free_data_space(self, dev: Device, ptr: int) -> None:
         """Release memory returned by :meth:`alloc_data_space`."""
@@ -320,6 +332,15 @@ class CPUDeviceAPI(DeviceAPI):
         return None
 
     def alloc_data_space(self, dev: Device, nbytes: int, alignment: int = ALLOC_ALIGNMENT, dtype: Any = None) -> int:
+        return self._alloc(dev, nbytes, alignment, np.empty)
+
+    def alloc_zeroed_data_space(self, dev: Device, nbytes: int, alignment: int = ALLOC_ALIGNMENT,
+                                dtype: Any = None) -> int:
+        # np.zeros is calloc: large blocks come as fresh zero pages, so zeroing costs nothing
+        # until (and unless) the memory is touched.
+        return self._alloc(dev, nbytes, alignment, np.zeros)
+
+    def _alloc(self, dev: Device, nbytes: int, alignment: int, make: Any) -> int:
         nbytes = int(nbytes)
         if nbytes < 0:
             raise DeviceError(f"cannot allocate a negative number of bytes ({nbytes}) on {dev}")
@@ -328,7 +349,7 @@ class CPUDeviceAPI(DeviceAPI):
             raise DeviceError(f"alignment must be a power of two, got {alignment}")
         # +alignment so an aligned start always fits; a size-0 request still gets a unique,
         # valid, aligned address (DLPack consumers dislike NULL data pointers).
-        buf = np.empty(nbytes + alignment, dtype=np.uint8)
+        buf = make(nbytes + alignment, dtype=np.uint8)
         base = buf.ctypes.data
         ptr = base + (-base % alignment)
         with self._lock:
@@ -488,7 +509,7 @@ def device(name_or_type: str | int | Device, device_id: int = 0) -> Device:
     if isinstance(name_or_type, str):
         m = _NAME_RE.match(name_or_type)
         dt = _NAME_TYPES.get(m.group(1).lower()) if m else None
-        if dt is None:
+        if m is None or dt is None:
             raise DeviceError(
                 f"unknown device {name_or_type!r}; known device names: {', '.join(sorted(_NAME_TYPES))}"
             )

@@ -61,11 +61,12 @@ class ElfFile:
         If the file is not a well-formed ELF64 file.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, size: int | None = None) -> None:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise KilnFileNotFoundError(f"no such file: {self.path}")
-        self.size = os.path.getsize(self.path)
+        # ``size`` bounds the image when bytes follow it (the digest trailer, kiln.runtime.digest).
+        self.size = os.path.getsize(self.path) if size is None else size
         with open(self.path, "rb") as f:
             ident = f.read(64)
             if len(ident) < 4 or ident[:4] != _MAGIC:
@@ -79,9 +80,10 @@ class ElfFile:
             self.endian = "<" if ident[5] == 1 else ">"
             e = self.endian
             (self.e_type, self.e_machine) = struct.unpack_from(e + "HH", ident, 16)
-            (shoff,) = struct.unpack_from(e + "Q", ident, 40)
-            shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", ident, 58)
+            (phoff, shoff) = struct.unpack_from(e + "QQ", ident, 32)
+            phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from(e + "HHHHH", ident, 54)
             self.sections = self._read_sections(f, shoff, shentsize, shnum, shstrndx)
+            self._end = self._content_end(f, phoff, phentsize, phnum, shoff, shnum)
 
     # ---- low level -----------------------------------------------------------------
     def _read(self, f: BinaryIO, offset: int, size: int, what: str) -> bytes:
@@ -125,7 +127,35 @@ class ElfFile:
             out.append(Section(_cstr(names, name_off), typ, flags, off, size, link, entsize))
         return out
 
+    def _content_end(self, f: BinaryIO, phoff: int, phentsize: int, phnum: int, shoff: int, shnum: int) -> int:
+        end = 64
+        if shoff:
+            end = max(end, shoff + 64 * len(self.sections))
+        for s in self.sections:
+            if s.type != _SHT_NOBITS:
+                end = max(end, s.offset + s.size)
+        if phoff and phnum:
+            if phentsize != 56:
+                raise FormatError(f"{self.path}: unexpected program header size {phentsize}")
+            raw = self._read(f, phoff, 56 * phnum, "program header table")
+            end = max(end, phoff + 56 * phnum)
+            for i in range(phnum):
+                p_offset, _vaddr, _paddr, p_filesz = struct.unpack_from(self.endian + "QQQQ", raw, 56 * i + 8)
+                if p_offset + p_filesz > self.size:
+                    raise FormatError(f"{self.path}: segment {i} at offset {p_offset} size {p_filesz} lies "
+                                      f"outside the file ({self.size} bytes)")
+                end = max(end, p_offset + p_filesz)
+        return end
+
     # ---- queries -------------------------------------------------------------------
+    def content_end(self) -> int:
+        """Offset just past the last byte any section, segment or header table refers to.
+
+        Bytes beyond it are ignored by the dynamic loader; :func:`kiln.runtime.export` only
+        accepts them as a digest trailer.
+        """
+        return self._end
+
     def find_section(self, name: str) -> Section | None:
         """The first section called ``name``, or ``None``."""
         for s in self.sections:

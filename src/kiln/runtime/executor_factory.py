@@ -134,7 +134,8 @@ class ExecutorFactoryModule(Module):
         lib = self._require_lib()
         if len(devices) == 1 and isinstance(devices[0], (list, tuple)):
             devices = tuple(devices[0])
-        m = GraphModule(GraphExecutor(self._graph, lib, devices))
+        # The params are copied in right away: their storage need not be zeroed first.
+        m = GraphModule(GraphExecutor(self._graph, lib, devices, prefilled=self.params))
         if self.params:
             m.load_params(self.params)
         return m
@@ -161,7 +162,8 @@ class ExecutorFactoryModule(Module):
             raise InputError(f"debug_create: this factory's module is {self.mod_name!r}, not {mod_name!r}")
         if len(devices) == 1 and isinstance(devices[0], (list, tuple)):
             devices = tuple(devices[0])
-        m = GraphModuleDebug(GraphExecutor(self._graph, self._require_lib(), devices), dump_root=dump_root)
+        m = GraphModuleDebug(GraphExecutor(self._graph, self._require_lib(), devices, prefilled=self.params),
+                             dump_root=dump_root)
         if self.params:
             m.load_params(self.params)
         return m

@@ -4,12 +4,16 @@ Library layout (``docs/library_format.md``):
 
 * ``.so`` — every DSO module's code, the Kiln crt and (when the tree has more than one DSO
   group) the module blob in section ``.kiln_mblob``, linked into one shared library.
+  ``export_library`` appends a digest trailer (:mod:`kiln.runtime.digest`) after the image.
 * ``.tar`` — the same inputs, uncompiled: the saved DSO modules (``lib<i>.c`` / ``lib<i>.o``),
-  ``kiln_crt.c``, ``devc.blob`` (the section contents), addons and ``kiln_manifest.json``.
-  Loading compiles it in a private temporary directory on the loading machine.
+  ``kiln_crt.c``, ``devc.blob`` (the section contents), addons and ``kiln_manifest.json``
+  (:mod:`kiln.runtime.tar_manifest`). Loading compiles it in a private temporary directory
+  on the loading machine, with allow-listed options only.
 
-Loading never runs library code before the blob has been read and validated: the blob is
-read from the file with :mod:`kiln.runtime.elf`, loaders are resolved, then ``dlopen``.
+Loading never runs library code before the file has been checked: the digest trailer is
+verified (or, without one, the file must end where its ELF image ends), the blob is read
+from the file with :mod:`kiln.runtime.elf`, loaders are resolved, then ``dlopen``. Loading is
+still running the library's code: trust a library like an executable (``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -17,24 +21,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import blob as _blob
+from . import digest as _digest
 from .errors import FormatError, InputError, KilnError, KilnFileNotFoundError
+from .tar_manifest import MANIFEST_NAME, TAR_FORMAT, TAR_VERSION, check_compile_options, parse_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .elf import ElfFile
     from .module import Module
 
-__all__ = ["export_library", "load_module", "MANIFEST_NAME", "BLOB_FILE_NAME", "CRT_FILE_NAME"]
+__all__ = ["export_library", "load_module", "open_library_elf", "MANIFEST_NAME", "BLOB_FILE_NAME",
+           "CRT_FILE_NAME", "TAR_FORMAT", "TAR_VERSION"]
 
-MANIFEST_NAME = "kiln_manifest.json"
 BLOB_FILE_NAME = "devc.blob"
 CRT_FILE_NAME = "kiln_crt.c"
-TAR_FORMAT = "kiln-library-tar"
-TAR_VERSION = 1
 
 
 # ------------------------------------------------------------------------------------
@@ -104,7 +108,8 @@ def export_library(
         Compiler command passed to ``fcompile`` as ``cc=``.
     options : list of str, optional
         Extra compiler flags (C source modules' own options are added too). Recorded in
-        the ``.tar`` manifest and reused when it is loaded.
+        the ``.tar`` manifest and reused when it is loaded, so for a ``.tar`` they must pass
+        the loader's allow-list (:func:`kiln.runtime.tar_manifest.is_allowed_option`).
     addons : list of path, optional
         Extra source / object files compiled into the library.
     **kwargs
@@ -113,10 +118,13 @@ def export_library(
     Returns
     -------
     str
-        The output path.
+        The output path. A shared library gets a digest trailer (:mod:`kiln.runtime.digest`)
+        that ``load_module`` verifies.
 
     Raises
     ------
+    InputError
+        If a ``.tar`` would record a compiler option its loader refuses.
     KilnError
         If a module can neither be compiled in nor serialized (e.g. a loaded library).
     CompileError
@@ -159,6 +167,11 @@ def export_library(
     for m in dso:
         opts.extend(getattr(m, "options", None) or [])
     opts = _dedupe(opts)
+    if is_tar:
+        try:  # refuse now what every loader would refuse later
+            check_compile_options(opts, f"export_library({os.path.basename(path)})")
+        except FormatError as err:
+            raise InputError(str(err)) from None
 
     own_workspace = workspace_dir is None
     workspace = tempfile.mkdtemp(prefix="kiln_export_") if own_workspace else os.fspath(workspace_dir)
@@ -220,6 +233,10 @@ def export_library(
         if cc is not None:
             kwargs["cc"] = cc
         compile_fn(path, files, options=opts, **kwargs)
+        from .elf import is_elf
+
+        if is_elf(path):  # a cross compiler may write another format; only ELF gets a trailer
+            _digest.append_digest(path)
         return path
     finally:
         if own_workspace:
@@ -229,11 +246,37 @@ def export_library(
 # ------------------------------------------------------------------------------------
 # load
 # ------------------------------------------------------------------------------------
-def _load_shared(path: str, keepalive: Any = None, blob_override: Any = None, where: str | None = None) -> "Module":
+def open_library_elf(path: str) -> "ElfFile":
+    """Check a shared library's integrity and parse its ELF tables; nothing is loaded.
+
+    The digest trailer is verified when present; without one, the file must end where
+    its ELF image ends (so a damaged trailer is not mistaken for "no trailer"). Used by
+    ``load_module`` and ``kiln inspect`` alike, so both reject the same files.
+
+    Raises
+    ------
+    FormatError
+        If the digest does not match, unexplained bytes follow the image, or the ELF
+        tables are malformed.
+    """
     from .elf import ElfFile
+
+    if not os.path.isfile(path):
+        raise KilnFileNotFoundError(f"no such file: {path}")
+    image_size = _digest.verify_digest(path)
+    elf = ElfFile(path, size=image_size)  # FormatError for anything that is not ELF64
+    if image_size is None and elf.sections and elf.content_end() < elf.size:
+        raise FormatError(
+            f"{path}: {elf.size - elf.content_end()} bytes after the end of the ELF image that are "
+            "not a Kiln digest trailer (damaged trailer or appended data)"
+        )
+    return elf
+
+
+def _load_shared(path: str, keepalive: Any = None, blob_override: Any = None, where: str | None = None) -> "Module":
     from .library_module import LibraryModule
 
-    elf = ElfFile(path)  # FormatError for anything that is not ELF64
+    elf = open_library_elf(path)
     where = where or path
     decoded = None
     if blob_override is not None:
@@ -269,10 +312,8 @@ def _blob_from_symbol(lib: Any, where: str) -> "_blob.DecodedBlob | None":
     return decoded
 
 
-def _safe_name(manifest_path: str, name: Any, root: str) -> str:
-    if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
-        raise FormatError(f"{manifest_path}: invalid file name {name!r} in manifest")
-    p = os.path.join(root, name)
+def _member(manifest_path: str, name: str, root: str) -> str:
+    p = os.path.join(root, name)  # name checked by parse_manifest: a plain base name
     if not os.path.isfile(p):
         raise FormatError(f"{manifest_path}: manifest names {name!r} but the archive does not contain it")
     return p
@@ -282,37 +323,22 @@ def _load_tar(path: str) -> "Module":
     from ..contrib import cc as _cc
     from ..contrib import tar as _tar
 
-    tmp = tempfile.mkdtemp(prefix="kiln_tar_")
+    tmp = tempfile.mkdtemp(prefix="kiln_tar_")  # mode 0700: private to this user
     try:
-        _tar.untar(path, tmp)
+        _tar.untar(path, tmp)  # uncompressed only, size / member caps, safe names
         man_file = os.path.join(tmp, MANIFEST_NAME)
         where = f"{path}: {MANIFEST_NAME}"
         if not os.path.isfile(man_file):
             raise FormatError(f"{path}: not a Kiln library archive (no {MANIFEST_NAME})")
-        try:
-            with open(man_file, encoding="utf-8") as f:
-                man = json.load(f)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise FormatError(f"{where}: not valid JSON ({err})") from err
-        if not isinstance(man, dict) or man.get("format") != TAR_FORMAT:
-            raise FormatError(f"{where}: format is not {TAR_FORMAT!r}")
-        if man.get("version") != TAR_VERSION:
-            raise FormatError(f"{where}: unsupported version {man.get('version')!r} (this Kiln reads {TAR_VERSION})")
-        mods = man.get("modules", [])
-        if not isinstance(mods, list) or not all(isinstance(m, dict) for m in mods):
-            raise FormatError(f"{where}: 'modules' must be a list of objects")
-        files = [_safe_name(where, m.get("file"), tmp) for m in mods]
-        files.append(_safe_name(where, man.get("crt"), tmp))
-        addons = man.get("addons", [])
-        if not isinstance(addons, list):
-            raise FormatError(f"{where}: 'addons' must be a list")
-        files += [_safe_name(where, a, tmp) for a in addons]
-        options = man.get("options", [])
-        if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
-            raise FormatError(f"{where}: 'options' must be a list of strings")
+        with open(man_file, "rb") as f:
+            man = parse_manifest(f.read(), where)  # options allow-listed here
+        files = [_member(where, m["file"], tmp) for m in man["modules"]]
+        files.append(_member(where, man["crt"], tmp))
+        files += [_member(where, a, tmp) for a in man["addons"]]
+        options = man["options"]
         packed = None
-        if man.get("blob") is not None:
-            blob_path = _safe_name(where, man["blob"], tmp)
+        if man["blob"] is not None:
+            blob_path = _member(where, man["blob"], tmp)
             with open(blob_path, "rb") as f:
                 packed = f.read()
             # Validate the blob before spending time compiling.
@@ -379,10 +405,9 @@ def load_module(path: str | os.PathLike, fmt: str = "") -> "Module":
         elif p.endswith(".so") or p.endswith(".dylib"):
             fmt = "so"
         else:
-            try:
-                fmt = "tar" if tarfile.is_tarfile(p) else "so"
-            except OSError:
-                fmt = "so"
+            from ..contrib.tar import looks_like_tar
+
+            fmt = "tar" if looks_like_tar(p) else "so"
     if fmt == "tar":
         return _load_tar(p)
     if fmt in ("so", "dso", "dll"):

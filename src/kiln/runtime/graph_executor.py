@@ -58,10 +58,6 @@ def _ndarray_mod():
     return _ND
 
 
-def _nbytes(shape: Sequence[int], dtype: str) -> int:
-    return int(math.prod(shape)) * _dtype.itemsize(dtype)
-
-
 class _EntryTensor:
     """The executor-owned DLTensor(s) of one entry; call records point at them.
 
@@ -133,9 +129,14 @@ class GraphExecutor:
     devices : sequence of Device
         Devices to run on. Entries are placed by ``attrs.device_index`` (DLPack device type
         codes); without it everything goes on ``devices[0]`` (default: ``kiln.cpu()``).
+    prefilled : iterable of str, optional
+        Arguments the caller overwrites completely before handing the executor to anyone
+        (the factory's params). Their storage is not zero-filled first: for a ResNet-50
+        that saves zeroing ~100 MB of weights only to copy over them. Every other storage
+        starts zeroed.
     """
 
-    def __init__(self, graph_json: Any, lib: Any, devices: Sequence[Any] = ()) -> None:
+    def __init__(self, graph_json: Any, lib: Any, devices: Sequence[Any] = (), prefilled: Iterable[str] = ()) -> None:
         from .device import Device, cpu
 
         self.graph: Graph = graph_json if isinstance(graph_json, Graph) else load_graph_json(graph_json)
@@ -156,7 +157,8 @@ class GraphExecutor:
         self._shared_entries: set[int] = set()  # alias roots whose memory is a donor's
         self._host_views: dict[int, Any] = {}  # eid -> NumPy view of own host memory (set_input)
         self.linked: set[str] = set()  # params whose memory is constant data inside the library
-        self._setup_storage()
+        self._unset: set[str] = set(self.arg_names)  # arguments never given a value (run refuses)
+        self._setup_storage({self.arg_eid[n] for n in prefilled if n in self.arg_eid})
         self._setup_ops()
         self._bind_linked_params()
 
@@ -180,47 +182,45 @@ class GraphExecutor:
             f"the graph uses, e.g. factory['default'](kiln.cpu(), {make})"
         )
 
-    def _setup_storage(self) -> None:
+    def _alloc_storage(self, sid: int, nbytes: int, dev: Any, zeroed: bool) -> Any:
+        """A buffer for storage ``sid``, zero-filled unless the caller overwrites it at once.
+
+        Zeroed, not merely allocated: fresh memory may hold a freed executor's data (another
+        model's inputs), which ``get_input`` or an output would otherwise hand to the user.
+        """
         nd = _ndarray_mod()
+        try:
+            return (nd.zeros if zeroed else nd.empty)((max(nbytes, 1),), "uint8", dev)
+        except MemoryError:
+            raise DeviceError(
+                f"graph JSON storage_id {sid}: cannot allocate {nbytes} bytes on {dev} (out of memory)"
+            ) from None
+
+    def _setup_storage(self, prefilled: set[int]) -> None:
         g = self.graph
         n = g.num_entries
-        # Alias roots: a __nop output is its (first) input's memory with its own shape.
-        root = list(range(n))
-        for nid, node in enumerate(g.nodes):
-            if node.is_op and node.func_name == "__nop":
-                src, idx, _ = node.inputs[0]
-                in_eid, out_eid = g.entry_id(src, idx), g.entry_id(nid)
-                if _nbytes(g.shape[out_eid], g.dltype[out_eid]) > _nbytes(g.shape[in_eid], g.dltype[in_eid]):
-                    raise FormatError(
-                        f"graph JSON node {nid} ({node.name!r}): '__nop' output is larger than its input "
-                        f"(entry {out_eid} {g.shape[out_eid]} vs entry {in_eid} {g.shape[in_eid]})"
-                    )
-                root[out_eid] = root[in_eid]
+        # Alias roots (a __nop output is its input's memory with its own shape), sizes and
+        # devices of shared storage were all checked by the graph reader.
+        root = list(g.alias_root)
         self.alias_root = root
         self.alias_group: dict[int, list[int]] = {}
         for e in range(n):
             self.alias_group.setdefault(root[e], []).append(e)
         self.entry_device = [self._entry_device(e) for e in range(n)]
-        for e in range(n):
-            if self.entry_device[root[e]] != self.entry_device[e]:
-                raise FormatError(f"graph JSON: '__nop' entry {e} is on a different device than its input")
 
         # One allocation per storage id, sized for its largest entry (aliases use their root's).
         sizes: dict[int, int] = {}
         sid_dev: dict[int, Any] = {}
+        zeroed: set[int] = set()  # storages some entry may be read from before it is written
         for e in range(n):
-            if root[e] != e:
-                continue
-            sid = g.storage_id[e]
-            dev = self.entry_device[e]
-            if sid in sid_dev and sid_dev[sid] != dev:
-                raise FormatError(
-                    f"graph JSON: storage_id {sid} is used by entries on two devices ({sid_dev[sid]} and {dev})"
-                )
-            sid_dev[sid] = dev
-            sizes[sid] = max(sizes.get(sid, 0), _nbytes(g.shape[e], g.dltype[e]))
+            if root[e] == e:
+                sid = g.storage_id[e]
+                sid_dev[sid] = self.entry_device[e]
+                sizes[sid] = max(sizes.get(sid, 0), g.entry_bytes(e))
+                if e not in prefilled:
+                    zeroed.add(sid)
         self.storage: dict[int, Any] = {
-            sid: nd.empty((max(sizes[sid], 1),), "uint8", sid_dev[sid]) for sid in sorted(sizes)
+            sid: self._alloc_storage(sid, sizes[sid], sid_dev[sid], sid in zeroed) for sid in sorted(sizes)
         }
         # own[e]: the entry's own memory (restored by set_input after a zero-copy binding);
         # arrays[e]: what the entry is bound to now (own view, user buffer, shared param).
@@ -452,10 +452,12 @@ class GraphExecutor:
             if not addr:
                 continue
             eid = self.arg_eid[name]
-            nbytes = _nbytes(g.shape[eid], g.dltype[eid])
+            nbytes = g.entry_bytes(eid)
             if int(addr) % _ALIGN:
                 raise FormatError(f"linked param {name!r} is not {_ALIGN}-byte aligned in the library")
             raw = (ctypes.c_ubyte * max(nbytes, 1)).from_address(int(addr))
+            # every view of the data keeps its library mapped (ctypes arrays take attributes)
+            setattr(raw, "_kiln_library", lookup)  # noqa: B010
             host = np.frombuffer(raw, dtype=np.uint8, count=nbytes)
             typed = host.view(_dtype.np_dtype(g.dltype[eid])).reshape(g.shape[eid])
             dev = self.entry_device[eid]
@@ -463,14 +465,42 @@ class GraphExecutor:
                 self.bind(eid, nd.from_dlpack(typed), permanent=True)
             else:  # device memory: the data must be copied there once
                 self.arrays[eid].copyfrom(typed)
-                self.linked.add(name)
-                self.params.add(name)
-                continue
             self.linked.add(name)
             self.params.add(name)
+            self.mark_set(name)
+
+    def mark_set(self, name: str) -> None:
+        """Record that argument ``name`` holds a value (set, bound zero copy, or a param)."""
+        self._unset.discard(name)
+
+    def unset_inputs(self) -> list[str]:
+        """Names of the arguments never given a value, in ``arg_nodes`` order."""
+        return [n for n in self.arg_names if n in self._unset]
+
+    def require_inputs(self) -> None:
+        """Raise :class:`InputError` unless every argument has been given a value.
+
+        Running on inputs nobody set would compute on zeros (or, before storage was zeroed,
+        on another model's leftovers) and return a plausible, wrong answer.
+        """
+        if self._unset:
+            missing = self.unset_inputs()
+            raise InputError(
+                f"run(): input(s) {', '.join(repr(n) for n in missing)} not set; set every input with "
+                "set_input(name, value) (or run(name=value)) before running; params count as set once "
+                "loaded (load_params, the factory, share_params or linked params)"
+            )
 
     def run(self) -> None:
-        """Run every kernel once, in order."""
+        """Run every kernel once, in order.
+
+        Raises
+        ------
+        InputError
+            An argument has never been given a value (:meth:`require_inputs`).
+        """
+        if self._unset:
+            self.require_inputs()
         for seg in self.segments:
             seg()
 
@@ -482,7 +512,7 @@ class GraphExecutor:
         """
         g = self.graph
         members = self.alias_group[self.alias_root[eid]]
-        too_big = [e for e in members if _nbytes(g.shape[e], g.dltype[e]) > arr.nbytes]
+        too_big = [e for e in members if g.entry_bytes(e) > arr.nbytes]
         if too_big:
             raise InputError(
                 f"entry {eid} is a '__nop' view of a larger tensor (entry {too_big[0]}, shape "
@@ -674,11 +704,13 @@ class GraphModule:
             if hv is not None and value.shape == hv.shape and value.dtype == hv.dtype:
                 ex.unbind(eid)
                 np.copyto(hv, value, casting="no")
+                ex.mark_set(name)
                 return
         src, shape, dt = _as_source(value, f"{what} {name!r}")
         self._check(name, eid, shape, dt, what)
         ex.unbind(eid)  # a copying set_input after a zero-copy one writes our own memory again
         ex.arrays[eid].copyfrom(src)
+        ex.mark_set(name)
 
     def set_input(self, key: str | int | None = None, value: Any = None, **params: Any) -> None:
         """Copy input values into the executor.
@@ -712,7 +744,8 @@ class GraphModule:
         """The executor's array of input (or param) ``key``; copied into ``out`` if given.
 
         Without ``out`` this is the executor's own array (not a copy): later ``set_input``
-        calls change it.
+        calls change it. It reads as zeros until the input is set; writing into it directly
+        does not count as setting the input (:meth:`run` still asks for ``set_input``).
         """
         name, eid = self._resolve_input(key)
         arr = self.module.arrays[eid]
@@ -740,6 +773,7 @@ class GraphModule:
         name, eid = self._resolve_input(key)
         arr = self._zero_copy_array(value, name, eid, "input")
         self.module.bind(eid, arr)
+        self.module.mark_set(name)
 
     def set_output_zero_copy(self, index: int, value: Any) -> None:
         """Make output ``index`` be written directly into ``value``'s memory (no copy).
@@ -805,13 +839,15 @@ class GraphModule:
 
         Raises
         ------
+        InputError
+            An input was never set (the message names every such input). Inputs stay set
+            across runs; params count as set once loaded.
         KernelError
             Naming the failing node, its function and the library's error message.
         """
         if inputs:
             self.set_input(**inputs)
-        for seg in self.module.segments:
-            seg()
+        self.module.run()
 
     def _copy_out(self, arr: Any, out: Any, what: str) -> Any:
         nd = _ndarray_mod()
@@ -927,6 +963,7 @@ class GraphModule:
             ex.mark_shared(eid)
             ex.bind(eid, src, permanent=True)
             ex.params.add(name)
+            ex.mark_set(name)
 
     # ---- benchmark -----------------------------------------------------------------------------
     def benchmark(

@@ -7,20 +7,53 @@ library and the dtype table, so it is safe to use from tools (``kiln inspect``) 
 Every problem raises :class:`~kiln.runtime.errors.FormatError` whose message names the field
 and, where there is one, the node (index and name), so a hand-edited or corrupt graph can be
 fixed without reading this code.
+
+The graph JSON is a trust boundary: it comes from files users download. The reader therefore
+never lets a malformed document escape as another exception (``RecursionError`` on deep
+nesting, ``UnicodeDecodeError``, ``MemoryError`` on a shape that declares petabytes), bounds
+every declared size *before* the executor allocates anything, and checks that the memory plan
+is safe to execute (entries sharing a storage id are never live at the same time).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import reprlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from .errors import FormatError
+from .errors import FormatError, InputError
 
-__all__ = ["GraphNode", "Graph", "load_graph_json", "RESERVED_FUNCS"]
+__all__ = [
+    "GraphNode",
+    "Graph",
+    "load_graph_json",
+    "RESERVED_FUNCS",
+    "MAX_DEPTH",
+    "MAX_NDIM",
+    "DEFAULT_MAX_BYTES",
+    "MAX_BYTES_ENV",
+]
 
 #: Function names the executor implements itself instead of looking them up in the library.
 RESERVED_FUNCS = ("__nop", "__copy")
+
+#: Deepest nesting of JSON containers accepted. A valid graph needs 5 levels (attrs.shape ->
+#: [tag, values] -> shape -> dims); the margin leaves room for tools' metadata.
+MAX_DEPTH = 32
+
+#: Most dimensions an entry may have (NumPy's own limit is 64; kernels never need more).
+MAX_NDIM = 32
+
+#: Default cap on the bytes one graph may ask the executor to allocate (all storages
+#: together): 2**47 B = 128 TiB, the whole user address space of x86-64 and AArch64 with
+#: 48-bit virtual addresses, so no real graph is refused and no absurd one is attempted.
+DEFAULT_MAX_BYTES = 1 << 47
+
+#: Environment variable that lowers (or raises) :data:`DEFAULT_MAX_BYTES`, in bytes.
+MAX_BYTES_ENV = "KILN_GRAPH_MAX_BYTES"
 
 
 @dataclass(frozen=True)
@@ -83,6 +116,9 @@ class Graph:
         DLPack device type code of every entry, or None when the graph runs on one device.
     json_text : str
         The JSON text the graph was read from (re-serialized if a dict was given).
+    alias_root : tuple of int
+        ``alias_root[eid]`` is the entry whose memory ``eid`` uses: itself, or for a
+        ``__nop`` output (transitively) its input. Only roots own storage.
     """
 
     nodes: tuple[GraphNode, ...]
@@ -94,6 +130,7 @@ class Graph:
     storage_id: tuple[int, ...]
     device_index: tuple[int, ...] | None
     json_text: str
+    alias_root: tuple[int, ...]
 
     @property
     def num_entries(self) -> int:
@@ -108,15 +145,32 @@ class Graph:
         """Entry ids of all outputs of node ``nid``."""
         return range(self.node_row_ptr[nid], self.node_row_ptr[nid + 1])
 
+    def entry_bytes(self, eid: int) -> int:
+        """Size in bytes of entry ``eid`` (its shape times its dtype's item size)."""
+        return _nbytes(self.shape[eid], self.dltype[eid])
+
 
 # ---------------------------------------------------------------------------------------------
 # parsing helpers
 
 
+# Values quoted in messages come from an untrusted file: show a bounded prefix, never a
+# megabyte-long name or a list nested a thousand levels deep.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 6, 60, 60
+_show = _REPR.repr
+
+
+def _nbytes(shape: Sequence[int], dtype: str) -> int:
+    from . import dtype as _dtype
+
+    return math.prod(shape) * _dtype.itemsize(dtype)
+
+
 def _where(nid: int | None, name: str | None) -> str:
     if nid is None:
         return "graph JSON"
-    return f"graph JSON node {nid}" + (f" ({name!r})" if name else "")
+    return f"graph JSON node {nid}" + (f" ({_show(name)})" if name else "")
 
 
 def _fail(msg: str, nid: int | None = None, name: str | None = None) -> FormatError:
@@ -142,7 +196,7 @@ def _int_attr(attrs: Mapping[str, Any], key: str, nid: int, name: str, default: 
             return int(v)
         except ValueError:
             pass
-    raise _fail(f"attrs.{key} must be an integer written as a string, got {v!r}", nid, name)
+    raise _fail(f"attrs.{key} must be an integer written as a string, got {_show(v)}", nid, name)
 
 
 def _entry_ref(ref: Any, what: str, nid: int | None, name: str | None) -> tuple[int, int, int]:
@@ -151,7 +205,7 @@ def _entry_ref(ref: Any, what: str, nid: int | None, name: str | None) -> tuple[
         or len(ref) not in (2, 3)
         or not all(_is_int(x) for x in ref)
     ):
-        raise _fail(f"{what} must be [node_id, output_index, version], got {ref!r}", nid, name)
+        raise _fail(f"{what} must be [node_id, output_index, version], got {_show(ref)}", nid, name)
     version = ref[2] if len(ref) == 3 else 0
     return int(ref[0]), int(ref[1]), int(version)
 
@@ -168,10 +222,7 @@ def _typed_list(attrs: Mapping[str, Any], key: str, tag: str, required: bool) ->
         or v[0] != tag
         or not isinstance(v[1], (list, tuple))
     ):
-        shown = repr(v)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        raise _fail(f"attrs.{key} must be [{tag!r}, [...]], got {shown}")
+        raise _fail(f"attrs.{key} must be [{tag!r}, [...]], got {_show(v)}")
     return list(v[1])
 
 
@@ -181,16 +232,292 @@ def _check_dtype(name: str, eid: int) -> None:
     try:
         _dtype.to_dl(name)
     except Exception as e:  # the dtype module raises its own error type; normalize it here
-        raise _fail(f"attrs.dltype[{eid}] = {name!r} is not a known data type ({e})") from None
+        raise _fail(f"attrs.dltype[{eid}] = {_show(name)} is not a known data type ({e})") from None
 
 
-def load_graph_json(graph: str | bytes | Mapping[str, Any]) -> Graph:
+def _max_bytes_default() -> int:
+    raw = os.environ.get(MAX_BYTES_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise InputError(f"{MAX_BYTES_ENV}={raw!r}: expected a positive number of bytes")
+    return value
+
+
+def _check_depth(obj: Any) -> None:
+    """Reject containers nested deeper than :data:`MAX_DEPTH` (iteratively: no recursion).
+
+    A dict handed in by a caller may even be cyclic; the depth bound stops that walk too.
+    """
+    stack: list[tuple[Any, int, str]] = [(obj, 1, "top level")]
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _fail(f"{where}: containers are nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, Mapping):
+            children: Any = value.items()
+        elif isinstance(value, (list, tuple)):
+            children = enumerate(value)
+        else:
+            continue
+        for key, child in children:
+            if isinstance(child, (Mapping, list, tuple)):
+                # Name the top-level key the nesting is under: enough to find it in the file.
+                stack.append((child, depth + 1, f"{_show(key)}" if depth == 1 else where))
+
+
+def _decode(graph: Any) -> tuple[Mapping[str, Any], str]:
+    """The JSON object and its text, from text, UTF-8 bytes or an already-decoded dict."""
+    if isinstance(graph, (bytes, bytearray, memoryview)):
+        try:
+            graph = bytes(graph).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(f"graph JSON: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if isinstance(graph, str):
+        text = graph
+        try:
+            obj = json.loads(graph)
+        except RecursionError:
+            raise _fail(f"containers are nested more than {MAX_DEPTH} levels deep") from None
+        except ValueError as e:  # JSONDecodeError, and integers too long to convert
+            raise FormatError(f"graph JSON: not valid JSON ({_show(str(e))})") from None
+        _check_depth(obj)
+    elif isinstance(graph, Mapping):
+        obj = graph
+        _check_depth(obj)
+        try:
+            text = json.dumps(graph)
+        except (TypeError, ValueError) as e:
+            raise FormatError(f"graph JSON: the dict is not JSON-serializable ({e})") from None
+    else:
+        raise FormatError(f"graph JSON: expected a str, bytes or dict, got {type(graph).__name__}")
+    if not isinstance(obj, Mapping):
+        raise FormatError(f"graph JSON: top level must be an object, got {type(obj).__name__}")
+    return obj, text
+
+
+def _parse_row_ptr(obj: Mapping[str, Any], num_nodes: int) -> list[int]:
+    row_ptr = obj["node_row_ptr"]
+    if not isinstance(row_ptr, list) or not all(_is_int(x) for x in row_ptr):
+        raise _fail("'node_row_ptr' must be a list of integers")
+    if len(row_ptr) != num_nodes + 1:
+        raise _fail(
+            f"'node_row_ptr' has {len(row_ptr)} items, expected len(nodes) + 1 = {num_nodes + 1}"
+        )
+    if row_ptr and row_ptr[0] != 0:
+        raise _fail(f"'node_row_ptr' must start at 0, got {_show(row_ptr[0])}")
+    for i in range(num_nodes):
+        if row_ptr[i + 1] < row_ptr[i]:
+            raise _fail(f"'node_row_ptr' must be non-decreasing (item {i + 1})")
+    return row_ptr
+
+
+def _parse_node(nid: int, rn: Any, row_ptr: Sequence[int]) -> GraphNode:
+    if not isinstance(rn, Mapping):
+        raise _fail("must be an object", nid)
+    name = rn.get("name")
+    if not isinstance(name, str):
+        raise _fail("field 'name' is missing or not a string", nid)
+    op = rn.get("op")
+    if op not in ("null", "tvm_op"):
+        raise _fail(f"field 'op' must be 'null' or 'tvm_op', got {_show(op)}", nid, name)
+    raw_inputs = rn.get("inputs", [])
+    if not isinstance(raw_inputs, list):
+        raise _fail("field 'inputs' must be a list", nid, name)
+    inputs = []
+    for k, ref in enumerate(raw_inputs):
+        src, idx, ver = _entry_ref(ref, f"inputs[{k}]", nid, name)
+        if not 0 <= src < nid:
+            # Nodes are in topological order; a forward or self reference is a corrupt graph.
+            raise _fail(
+                f"inputs[{k}] refers to node {src}, which is not an earlier node (0..{nid - 1})",
+                nid,
+                name,
+            )
+        n_out = row_ptr[src + 1] - row_ptr[src]
+        if not 0 <= idx < n_out:
+            raise _fail(
+                f"inputs[{k}] refers to output {idx} of node {src}, which has {n_out} output(s)",
+                nid,
+                name,
+            )
+        inputs.append((src, idx, ver))
+    attrs = rn.get("attrs", rn.get("param", {}))  # very old graphs call it "param"
+    if attrs is None:
+        attrs = {}
+    if not isinstance(attrs, Mapping):
+        raise _fail("field 'attrs' must be an object", nid, name)
+    n_out = row_ptr[nid + 1] - row_ptr[nid]
+    if op == "null":
+        if inputs:
+            raise _fail("a 'null' (input) node cannot have inputs", nid, name)
+        if n_out != 1:
+            raise _fail(f"a 'null' node has exactly 1 output, node_row_ptr gives {n_out}", nid, name)
+        return GraphNode("null", name, (), attrs=dict(attrs))
+    func_name = attrs.get("func_name")
+    if not isinstance(func_name, str) or not func_name:
+        raise _fail("attrs.func_name is missing or not a non-empty string", nid, name)
+    num_inputs = _int_attr(attrs, "num_inputs", nid, name, None)
+    num_outputs = _int_attr(attrs, "num_outputs", nid, name, None)
+    flatten = _int_attr(attrs, "flatten_data", nid, name, 0)
+    if num_inputs != len(inputs):
+        raise _fail(f"attrs.num_inputs = {num_inputs} but 'inputs' lists {len(inputs)} entries", nid, name)
+    if num_outputs != n_out:
+        raise _fail(f"attrs.num_outputs = {num_outputs} but node_row_ptr gives {n_out} outputs", nid, name)
+    if flatten not in (0, 1):
+        raise _fail(f"attrs.flatten_data must be '0' or '1', got {_show(attrs['flatten_data'])}", nid, name)
+    if func_name == "__nop" and (len(inputs) < 1 or num_outputs != 1):
+        raise _fail("'__nop' needs at least 1 input and exactly 1 output", nid, name)
+    if func_name == "__copy" and (len(inputs) != 1 or num_outputs != 1):
+        raise _fail("'__copy' needs exactly 1 input and 1 output", nid, name)
+    return GraphNode("tvm_op", name, tuple(inputs), func_name, num_inputs, num_outputs, bool(flatten), dict(attrs))
+
+
+def _parse_shapes(shape: list, dltype: Sequence[str], max_bytes: int) -> list[tuple[int, ...]]:
+    """Shapes as int tuples; every entry's byte size is bounded before anything allocates it."""
+    shapes: list[tuple[int, ...]] = []
+    for eid, s in enumerate(shape):
+        if not isinstance(s, (list, tuple)) or not all(_is_int(d) and d >= 0 for d in s):
+            raise _fail(f"attrs.shape[{eid}] must be a list of non-negative integers, got {_show(s)}")
+        if len(s) > MAX_NDIM:
+            raise _fail(f"attrs.shape[{eid}] has {len(s)} dimensions, more than the {MAX_NDIM} supported")
+        dims = tuple(int(d) for d in s)
+        # Zero dimensions do not excuse the others: (0, 10**30) still cannot be a 64-bit shape.
+        nbytes = _nbytes(tuple(max(d, 1) for d in dims), dltype[eid])
+        if nbytes > max_bytes:
+            raise _fail(
+                f"attrs.shape[{eid}] = {_show(list(dims))} ({dltype[eid]}) declares {nbytes} bytes, more "
+                f"than the limit of {max_bytes} bytes (set {MAX_BYTES_ENV} to change it)"
+            )
+        shapes.append(dims)
+    return shapes
+
+
+def _alias_roots(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
+                 dltype: Sequence[str], device_index: Sequence[int] | None) -> list[int]:
+    """``root[eid]``: the entry whose memory ``eid`` uses (``__nop`` outputs alias their input)."""
+    root = list(range(row_ptr[-1]))
+    for nid, node in enumerate(nodes):
+        if node.func_name != "__nop":
+            continue
+        src, idx, _ = node.inputs[0]
+        in_eid, out_eid = row_ptr[src] + idx, row_ptr[nid]
+        if _nbytes(shapes[out_eid], dltype[out_eid]) > _nbytes(shapes[in_eid], dltype[in_eid]):
+            raise _fail(
+                f"'__nop' output is larger than its input (entry {out_eid} {shapes[out_eid]} "
+                f"{dltype[out_eid]} vs entry {in_eid} {shapes[in_eid]} {dltype[in_eid]})",
+                nid,
+                node.name,
+            )
+        if device_index is not None and device_index[out_eid] != device_index[in_eid]:
+            raise _fail("'__nop' output is on a different device than its input (attrs.device_index)", nid, node.name)
+        root[out_eid] = root[in_eid]
+    return root
+
+
+def _check_copies(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
+                  dltype: Sequence[str]) -> None:
+    """A ``__copy`` moves one tensor between devices: same shape and dtype on both sides."""
+    for nid, node in enumerate(nodes):
+        if node.func_name != "__copy":
+            continue
+        src, idx, _ = node.inputs[0]
+        a, b = row_ptr[src] + idx, row_ptr[nid]
+        if shapes[a] != shapes[b] or dltype[a] != dltype[b]:
+            raise _fail(
+                f"'__copy' output (entry {b}: {list(shapes[b])} {dltype[b]}) must have its input's shape and "
+                f"dtype (entry {a}: {list(shapes[a])} {dltype[a]})",
+                nid,
+                node.name,
+            )
+
+
+def _check_storage(nodes: Sequence[GraphNode], row_ptr: Sequence[int], heads: Sequence[tuple[int, int, int]],
+                   shapes: Sequence[tuple[int, ...]], dltype: Sequence[str], storage_id: Sequence[int],
+                   device_index: Sequence[int] | None, root: Sequence[int], max_bytes: int) -> None:
+    """Check the memory plan: bounded in total, one device per storage, no live overlap.
+
+    Lifetimes are measured in node positions (nodes run in list order). The storage of an
+    alias group (a root and its ``__nop`` views) is live from the node that writes the root
+    to the last node that reads any member; a ``__nop``'s own read is not a use, as it does
+    nothing at run time. Graph inputs and params are live for the whole run (from before the
+    first node: ``-1``), because they are read again by later runs without a new
+    ``set_input``; graph outputs are live from their producer to the end of the run. Two
+    groups may share a storage id only when one's last use comes strictly before the other
+    is written, so a kernel never writes memory it (or anyone after it) still reads.
+    """
+    num_entries = row_ptr[-1]
+    end_of_run = len(nodes)
+    producer = [0] * num_entries
+    for nid in range(len(nodes)):
+        for e in range(row_ptr[nid], row_ptr[nid + 1]):
+            producer[e] = nid
+    first = {e: (-1 if not nodes[producer[e]].is_op else producer[e]) for e in set(root)}
+    last = {r: (end_of_run if s < 0 else s) for r, s in first.items()}
+    for nid, node in enumerate(nodes):
+        if node.func_name == "__nop":
+            continue
+        for src, idx, _ in node.inputs:
+            r = root[row_ptr[src] + idx]
+            last[r] = max(last[r], nid)
+    for src, idx, _ in heads:
+        last[root[row_ptr[src] + idx]] = end_of_run
+
+    by_sid: dict[int, list[int]] = {}
+    sid_bytes: dict[int, int] = {}
+    for r in sorted(first):
+        sid = storage_id[r]
+        if device_index is not None and by_sid.get(sid) and device_index[by_sid[sid][0]] != device_index[r]:
+            other = by_sid[sid][0]
+            raise _fail(
+                f"attrs.storage_id: entries {other} and {r} share storage_id {sid} but are on different "
+                f"devices (device_index {device_index[other]} and {device_index[r]})"
+            )
+        by_sid.setdefault(sid, []).append(r)
+        sid_bytes[sid] = max(sid_bytes.get(sid, 0), _nbytes(shapes[r], dltype[r]))
+    total = sum(sid_bytes.values())
+    if total > max_bytes:
+        raise _fail(
+            f"the memory plan needs {total} bytes in {len(sid_bytes)} storages, more than the limit of "
+            f"{max_bytes} bytes (set {MAX_BYTES_ENV} to change it)"
+        )
+
+    def describe(e: int) -> str:
+        nid = producer[e]
+        when = "the whole run" if first[e] < 0 else f"node {first[e]} to " + (
+            "the end of the run" if last[e] >= end_of_run else f"node {last[e]}"
+        )
+        return f"entry {e} (node {nid} {_show(nodes[nid].name)} output {e - row_ptr[nid]}, live {when})"
+
+    for sid, group in by_sid.items():
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda e: (first[e], last[e]))
+        longest = group[0]  # the earlier entry that stays live the longest so far
+        for e in group[1:]:
+            if first[e] <= last[longest]:
+                raise _fail(
+                    f"attrs.storage_id: {describe(longest)} and {describe(e)} share storage_id {sid} "
+                    "while both are live; the second would overwrite the first"
+                )
+            if last[e] > last[longest]:
+                longest = e
+
+
+def load_graph_json(graph: str | bytes | Mapping[str, Any], max_bytes: int | None = None) -> Graph:
     """Parse and validate a graph JSON.
 
     Parameters
     ----------
     graph : str, bytes or dict
-        The JSON text, or an already-decoded JSON object.
+        The JSON text (bytes must be UTF-8), or an already-decoded JSON object.
+    max_bytes : int, optional
+        Most bytes the graph's storage may need, per entry and in total. Default: the
+        environment variable ``KILN_GRAPH_MAX_BYTES``, else :data:`DEFAULT_MAX_BYTES`.
 
     Returns
     -------
@@ -200,25 +527,15 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any]) -> Graph:
     Raises
     ------
     FormatError
-        The text is not JSON, a required field is missing or malformed, sizes disagree, an
-        input reference is out of range, or a storage id is negative. The message names the
-        field and the node.
+        The text is not UTF-8 or not JSON, is nested deeper than :data:`MAX_DEPTH`, a
+        required field is missing or malformed, sizes disagree, an input reference is out of
+        range, a storage id is negative, a shape declares more than ``max_bytes``, or two
+        entries sharing a storage id are live at the same time. The message names the field
+        and the node or entries.
     """
-    if isinstance(graph, (bytes, bytearray)):
-        graph = graph.decode("utf-8")
-    if isinstance(graph, str):
-        text = graph
-        try:
-            obj = json.loads(graph)
-        except json.JSONDecodeError as e:
-            raise FormatError(f"graph JSON: not valid JSON ({e})") from None
-    elif isinstance(graph, Mapping):
-        obj = graph
-        text = json.dumps(graph)
-    else:
-        raise FormatError(f"graph JSON: expected a str or dict, got {type(graph).__name__}")
-    if not isinstance(obj, Mapping):
-        raise FormatError(f"graph JSON: top level must be an object, got {type(obj).__name__}")
+    if max_bytes is None:
+        max_bytes = _max_bytes_default()
+    obj, text = _decode(graph)
 
     for key in ("nodes", "arg_nodes", "heads", "node_row_ptr", "attrs"):
         if key not in obj:
@@ -229,88 +546,8 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any]) -> Graph:
     num_nodes = len(raw_nodes)
 
     # node_row_ptr first: every later check needs each node's output count.
-    row_ptr = obj["node_row_ptr"]
-    if not isinstance(row_ptr, list) or not all(_is_int(x) for x in row_ptr):
-        raise _fail("'node_row_ptr' must be a list of integers")
-    if len(row_ptr) != num_nodes + 1:
-        raise _fail(
-            f"'node_row_ptr' has {len(row_ptr)} items, expected len(nodes) + 1 = {num_nodes + 1}"
-        )
-    if row_ptr and row_ptr[0] != 0:
-        raise _fail(f"'node_row_ptr' must start at 0, got {row_ptr[0]}")
-    for i in range(num_nodes):
-        if row_ptr[i + 1] < row_ptr[i]:
-            raise _fail(f"'node_row_ptr' must be non-decreasing (item {i + 1})")
-
-    nodes: list[GraphNode] = []
-    for nid, rn in enumerate(raw_nodes):
-        if not isinstance(rn, Mapping):
-            raise _fail("must be an object", nid)
-        name = rn.get("name")
-        if not isinstance(name, str):
-            raise _fail("field 'name' is missing or not a string", nid)
-        op = rn.get("op")
-        if op not in ("null", "tvm_op"):
-            raise _fail(f"field 'op' must be 'null' or 'tvm_op', got {op!r}", nid, name)
-        raw_inputs = rn.get("inputs", [])
-        if not isinstance(raw_inputs, list):
-            raise _fail("field 'inputs' must be a list", nid, name)
-        inputs = []
-        for k, ref in enumerate(raw_inputs):
-            src, idx, ver = _entry_ref(ref, f"inputs[{k}]", nid, name)
-            if not 0 <= src < nid:
-                # Nodes are in topological order; a forward or self reference is a corrupt graph.
-                raise _fail(
-                    f"inputs[{k}] refers to node {src}, which is not an earlier node (0..{nid - 1})",
-                    nid,
-                    name,
-                )
-            n_out = row_ptr[src + 1] - row_ptr[src]
-            if not 0 <= idx < n_out:
-                raise _fail(
-                    f"inputs[{k}] refers to output {idx} of node {src}, which has {n_out} output(s)",
-                    nid,
-                    name,
-                )
-            inputs.append((src, idx, ver))
-        attrs = rn.get("attrs", rn.get("param", {}))  # very old graphs call it "param"
-        if attrs is None:
-            attrs = {}
-        if not isinstance(attrs, Mapping):
-            raise _fail("field 'attrs' must be an object", nid, name)
-        n_out = row_ptr[nid + 1] - row_ptr[nid]
-        if op == "null":
-            if inputs:
-                raise _fail("a 'null' (input) node cannot have inputs", nid, name)
-            if n_out != 1:
-                raise _fail(f"a 'null' node has exactly 1 output, node_row_ptr gives {n_out}", nid, name)
-            nodes.append(GraphNode("null", name, (), attrs=dict(attrs)))
-            continue
-        func_name = attrs.get("func_name")
-        if not isinstance(func_name, str) or not func_name:
-            raise _fail("attrs.func_name is missing or not a non-empty string", nid, name)
-        num_inputs = _int_attr(attrs, "num_inputs", nid, name, None)
-        num_outputs = _int_attr(attrs, "num_outputs", nid, name, None)
-        flatten = _int_attr(attrs, "flatten_data", nid, name, 0)
-        if num_inputs != len(inputs):
-            raise _fail(
-                f"attrs.num_inputs = {num_inputs} but 'inputs' lists {len(inputs)} entries", nid, name
-            )
-        if num_outputs != n_out:
-            raise _fail(
-                f"attrs.num_outputs = {num_outputs} but node_row_ptr gives {n_out} outputs", nid, name
-            )
-        if flatten not in (0, 1):
-            raise _fail(f"attrs.flatten_data must be '0' or '1', got {attrs['flatten_data']!r}", nid, name)
-        if func_name == "__nop" and (len(inputs) < 1 or num_outputs != 1):
-            raise _fail("'__nop' needs at least 1 input and exactly 1 output", nid, name)
-        if func_name == "__copy" and (len(inputs) != 1 or num_outputs != 1):
-            raise _fail("'__copy' needs exactly 1 input and 1 output", nid, name)
-        nodes.append(
-            GraphNode(
-                "tvm_op", name, tuple(inputs), func_name, num_inputs, num_outputs, bool(flatten), dict(attrs)
-            )
-        )
+    row_ptr = _parse_row_ptr(obj, num_nodes)
+    nodes = [_parse_node(nid, rn, row_ptr) for nid, rn in enumerate(raw_nodes)]
 
     arg_nodes = obj["arg_nodes"]
     if not isinstance(arg_nodes, list) or not all(_is_int(x) for x in arg_nodes):
@@ -325,7 +562,7 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any]) -> Graph:
     names = [nodes[n].name for n in arg_nodes]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        raise _fail(f"input/param names must be unique, duplicated: {dup}")
+        raise _fail(f"input/param names must be unique, duplicated: {_show(dup)}")
 
     raw_heads = obj["heads"]
     if not isinstance(raw_heads, list):
@@ -356,20 +593,19 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any]) -> Graph:
     assert dltype is not None and shape is not None and storage_id is not None
     for eid, dt in enumerate(dltype):
         if not isinstance(dt, str):
-            raise _fail(f"attrs.dltype[{eid}] must be a string, got {dt!r}")
+            raise _fail(f"attrs.dltype[{eid}] must be a string, got {_show(dt)}")
         _check_dtype(dt, eid)
-    shapes: list[tuple[int, ...]] = []
-    for eid, s in enumerate(shape):
-        if not isinstance(s, (list, tuple)) or not all(_is_int(d) and d >= 0 for d in s):
-            raise _fail(f"attrs.shape[{eid}] must be a list of non-negative integers, got {s!r}")
-        shapes.append(tuple(int(d) for d in s))
+    shapes = _parse_shapes(shape, dltype, max_bytes)
     for eid, sid in enumerate(storage_id):
         if not _is_int(sid) or sid < 0:
-            raise _fail(f"attrs.storage_id[{eid}] = {sid!r}: storage ids must be non-negative integers")
+            raise _fail(f"attrs.storage_id[{eid}] = {_show(sid)}: storage ids must be non-negative integers")
     if device_index is not None:
         for eid, d in enumerate(device_index):
             if not _is_int(d) or d <= 0:
-                raise _fail(f"attrs.device_index[{eid}] = {d!r} is not a DLPack device type code (>= 1)")
+                raise _fail(f"attrs.device_index[{eid}] = {_show(d)} is not a DLPack device type code (>= 1)")
+    _check_copies(nodes, row_ptr, shapes, dltype)
+    root = _alias_roots(nodes, row_ptr, shapes, dltype, device_index)
+    _check_storage(nodes, row_ptr, heads, shapes, dltype, storage_id, device_index, root, max_bytes)
 
     return Graph(
         nodes=tuple(nodes),
@@ -381,4 +617,5 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any]) -> Graph:
         storage_id=tuple(int(x) for x in storage_id),
         device_index=None if device_index is None else tuple(int(x) for x in device_index),
         json_text=text,
+        alias_root=tuple(root),
     )

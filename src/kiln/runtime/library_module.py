@@ -1,12 +1,23 @@
-"""A loaded shared library as a runtime module (type key ``"library"``)."""
+"""A loaded shared library as a runtime module (type key ``"library"``).
+
+Lifetime: a library is opened with ``dlopen`` when its :class:`LibraryModule` is created,
+its crt services are routed to the process-wide thread pool and error buffer
+(:mod:`~kiln.runtime.shared_crt`), and it is closed with ``dlclose`` when the module is
+garbage collected. Everything that can reach its code or data holds the module: a
+:class:`~kiln.runtime.module.PackedFunction` its ``module``, an executor its kernels and
+``KilnRunSequence`` owner, the module tree its imports. The library that owns the shared
+pool is never closed.
+"""
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
+import weakref
 from typing import Any, Callable
 
-from . import _ffi
+from . import _ffi, shared_crt
 from .errors import FormatError, KilnError, KilnFileNotFoundError
 from .module import Module, PackedFunction
 
@@ -36,10 +47,22 @@ class LibraryModule(Module):
     keepalive : object, optional
         Kept as long as the module lives (e.g. a finalizer that removes a temp directory).
 
+    Raises
+    ------
+    KilnFileNotFoundError
+        If ``path`` does not exist.
+    FormatError
+        If the system loader cannot open it (not a shared library, wrong machine,
+        a missing dependency, corrupt dynamic section, ...).
+
     Notes
     -----
     A loaded library cannot be compiled into another one: ``is_dso_exportable`` is false,
     and exporting a tree that contains it raises; copy the original file instead.
+
+    The library is closed (``dlclose``) when this module is garbage collected, unless it
+    owns the process-wide thread pool (see :mod:`~kiln.runtime.shared_crt`). Its thread
+    count and last error are the process-wide ones.
     """
 
     type_key = "library"
@@ -49,14 +72,19 @@ class LibraryModule(Module):
         self.path = os.path.abspath(os.fspath(path))
         if not os.path.exists(self.path):
             raise KilnFileNotFoundError(f"no such file: {self.path}")
-        try:
-            self._lib = ctypes.CDLL(self.path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        except OSError as err:
-            raise FormatError(f"{self.path}: cannot load as a shared library: {err}") from err
+        self._lib = _dlopen(self.path)
+        routing = shared_crt.share_services(self._lib, self.path)
+        if routing.unloadable:
+            # The callback holds the handle, not self; it runs once self is collected.
+            weakref.finalize(self, _dlclose, self._lib._handle)
         self._exported: frozenset[str] | None = frozenset(exported) if exported is not None else None
         self._keepalive = keepalive
         self._funcs: dict[str, PackedFunction] = {}
-        self._get_last_error = self._service("KilnGetLastError", ctypes.c_char_p, [])
+        self._get_last_error = (
+            _function(routing.error_library, "KilnGetLastError", ctypes.c_char_p, [])
+            if routing.error_library is not None
+            else None
+        )
         self._run_seq = self._service(
             "KilnRunSequence", ctypes.c_int32, [ctypes.POINTER(_ffi.KilnOpCall), ctypes.c_int32]
         )
@@ -64,13 +92,7 @@ class LibraryModule(Module):
         self._get_threads = self._service("KilnGetNumThreads", ctypes.c_int32, [])
 
     def _service(self, name: str, restype: Any, argtypes: list[Any]) -> Any:
-        try:
-            f = self._lib[name]
-        except AttributeError:
-            return None
-        f.restype = restype
-        f.argtypes = argtypes
-        return f
+        return _function(self._lib, name, restype, argtypes)
 
     # ---- symbols -------------------------------------------------------------------
     def native_address(self, symbol: str) -> int | None:
@@ -130,11 +152,15 @@ class LibraryModule(Module):
         return self._require(self._run_seq, "KilnRunSequence")
 
     def set_num_threads(self, n: int) -> None:
-        """Thread count of this library's parallel loops (0: ``$KILN_NUM_THREADS`` or all cores)."""
+        """Thread count of parallel loops (0: ``$KILN_NUM_THREADS`` or all cores).
+
+        The thread pool is shared by every library loaded in this process, so this sets
+        the count for all of them.
+        """
         self._require(self._set_threads, "KilnSetNumThreads")(int(n))
 
     def get_num_threads(self) -> int:
-        """Thread count of this library's parallel loops."""
+        """Thread count of parallel loops (of the process-wide pool)."""
         return int(self._require(self._get_threads, "KilnGetNumThreads")())
 
     # ---- module protocol -----------------------------------------------------------------
@@ -150,6 +176,42 @@ class LibraryModule(Module):
 
     def __repr__(self) -> str:
         return f"LibraryModule({self.path!r}, imports={len(self._import_list())})"
+
+
+def _dlopen(path: str) -> ctypes.CDLL:
+    """``dlopen(path, RTLD_NOW | RTLD_LOCAL)``; any failure is a :class:`FormatError`."""
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except UnicodeDecodeError as err:
+        # ctypes decodes dlerror() as UTF-8; a corrupt library can make the message (which
+        # quotes names from its dynamic section) undecodable.
+        raise FormatError(
+            f"{path}: cannot load as a shared library (the system loader's message is not "
+            f"valid UTF-8: {err.object[:200]!r})"
+        ) from err
+    except (OSError, ValueError) as err:
+        raise FormatError(f"{path}: cannot load as a shared library: {err}") from err
+
+
+def _dlclose(handle: int) -> None:
+    """Unmap a library opened by :func:`_dlopen` (a no-op where ctypes has no ``dlclose``)."""
+    close = getattr(_ctypes, "dlclose", None)
+    if close is not None:
+        try:
+            close(handle)
+        except OSError:  # nothing to do about it in a finalizer; the library stays mapped
+            pass
+
+
+def _function(lib: ctypes.CDLL, name: str, restype: Any, argtypes: list[Any]) -> Any:
+    """The C function ``name`` of ``lib`` with its signature set, or None if absent."""
+    try:
+        f = lib[name]
+    except AttributeError:
+        return None
+    f.restype = restype
+    f.argtypes = argtypes
+    return f
 
 
 class CompiledOnDemand:

@@ -25,7 +25,7 @@ from .device import ALLOC_ALIGNMENT, Device, cpu, device as _to_device, get_devi
 from .dtype import canonical, np_dtype, to_dl
 from .errors import DeviceError, InputError
 
-__all__ = ["NDArray", "array", "empty", "from_dlpack"]
+__all__ = ["NDArray", "array", "empty", "zeros", "from_dlpack"]
 
 _CPU = cpu(0)
 
@@ -408,17 +408,37 @@ def empty(shape: int | Iterable[int], dtype: Any = "float32", device: Device | s
     DeviceError
         If the device has no registered DeviceAPI.
     """
+    return _allocate(shape, dtype, device, zeroed=False)
+
+
+def _allocate(shape: int | Iterable[int], dtype: Any, device: Device | str | None, zeroed: bool) -> NDArray:
     shape = _normalize_shape(shape)
     dt = canonical(dtype)
     dev = _resolve_device(device)
     api = get_device_api(dev.device_type)
     nbytes = math.prod(shape) * (to_dl(dt).bits // 8)
-    raw = api.alloc_data_space(dev, nbytes, ALLOC_ALIGNMENT, dt)
+    if zeroed and hasattr(api, "alloc_zeroed_data_space"):
+        raw = api.alloc_zeroed_data_space(dev, nbytes, ALLOC_ALIGNMENT, dt)
+    else:
+        raw = api.alloc_data_space(dev, nbytes, ALLOC_ALIGNMENT, dt)
     # A plug-in must hand back a non-negative int; 0 (NULL) only for an empty allocation.
     if not hasattr(raw, "__index__") or raw < 0 or (raw == 0 and nbytes):
         raise DeviceError(f"{type(api).__name__}.alloc_data_space returned {raw!r} for {nbytes} bytes on {dev}")
     ptr = operator.index(raw)
-    return NDArray._make(ptr, 0, shape, dt, dev, _Allocation(api, dev, ptr), bool(getattr(api, "host_visible", False)))
+    arr = NDArray._make(ptr, 0, shape, dt, dev, _Allocation(api, dev, ptr), bool(getattr(api, "host_visible", False)))
+    if zeroed and not hasattr(api, "alloc_zeroed_data_space") and nbytes:
+        arr.copyfrom(np.zeros(shape, dtype=np_dtype(dt)))  # a duck-typed API without the method
+    return arr
+
+
+def zeros(shape: int | Iterable[int], dtype: Any = "float32", device: Device | str | None = None) -> NDArray:
+    """Allocate an array filled with zeros.
+
+    Same parameters, result and errors as :func:`empty`. Use it where stale bytes must not
+    be observable (executor storage): an allocation can reuse memory another array freed.
+    On the CPU the zeros come from ``calloc`` and cost (almost) nothing until touched.
+    """
+    return _allocate(shape, dtype, device, zeroed=True)
 
 
 def array(obj: Any, device: Device | str | None = None, dtype: Any = None) -> NDArray:

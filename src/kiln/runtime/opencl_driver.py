@@ -38,7 +38,7 @@ import json
 import os
 import struct
 import threading
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .device import Device, DeviceAPI, DeviceType, register_device_api
 from .errors import DeviceError, FormatError, InputError, KernelError
@@ -96,6 +96,9 @@ def _err_name(code: int) -> str:
 class _CLRuntime:
     """The opened ``libOpenCL`` with typed entry points, its devices, contexts and queues."""
 
+    if TYPE_CHECKING:  # the entry points are bound by name in __init__ from the signature table
+        def __getattr__(self, name: str) -> Any: ...
+
     def __init__(self, lib: Any, name: str) -> None:
         self.lib, self.name = lib, name
         P = _c.POINTER
@@ -150,7 +153,7 @@ class _CLRuntime:
                 continue
             devs = (_vp * nd.value)()
             self.check(self.clGetDeviceIDs(p, _CL_DEVICE_TYPE_ALL, nd.value, devs, None), "clGetDeviceIDs")
-            out.extend(int(d) for d in devs)
+            out.extend(int(d) for d in devs)  # type: ignore[arg-type]  # device ids are never NULL
         return out
 
     def device(self, dev: Device) -> int:
@@ -433,7 +436,8 @@ class OpenCLModule(Module):
                 elif adev != dev:
                     raise InputError(f"{name}: arguments are on different devices ({dev} and {adev})")
                 if tuple(a.shape) != shapes[i] or a.dtype != dtypes[i]:
-                    raise InputError(f"{name}: argument {i} ({params[i]['name']}) must be {dtypes[i]}{list(shapes[i])}, "
+                    raise InputError(f"{name}: argument {i} ({params[i]['name']}) must be "
+                                     f"{dtypes[i]}{list(shapes[i])}, "
                                      f"got {a.dtype}{list(a.shape)}")
             assert dev is not None
             rt = _runtime()
@@ -448,8 +452,9 @@ class OpenCLModule(Module):
                         mem, off = handles[idx] if kind == "param" else thandles[idx]
                         m = _vp(mem)
                         o = _c.c_int64(off)
-                        rt.check(rt.clSetKernelArg(kern, 2 * j, _c.sizeof(m), _c.byref(m)), f"clSetKernelArg({k['name']})")
-                        rt.check(rt.clSetKernelArg(kern, 2 * j + 1, 8, _c.byref(o)), f"clSetKernelArg({k['name']})")
+                        where = f"clSetKernelArg({k['name']})"
+                        rt.check(rt.clSetKernelArg(kern, 2 * j, _c.sizeof(m), _c.byref(m)), where)
+                        rt.check(rt.clSetKernelArg(kern, 2 * j + 1, 8, _c.byref(o)), where)
                     block = [int(x) for x in k["block"]]
                     glob = (_sz * 3)(*[int(g) * b for g, b in zip(k["grid"], block)])
                     loc = (_sz * 3)(*block)
@@ -485,7 +490,11 @@ def _read_blob(payload: bytes) -> OpenCLModule:
         pos += 8
         if pos + n > len(mv):
             raise FormatError(f"opencl module blob: {what} needs {n} bytes, {len(mv) - pos} left")
-        parts.append(bytes(mv[pos:pos + n]).decode("utf-8"))
+        try:
+            parts.append(bytes(mv[pos:pos + n]).decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise FormatError(f"opencl module blob: {what} is not valid UTF-8 "
+                              f"({err.reason} at byte {err.start})") from None
         pos += n
     try:
         meta = json.loads(parts[1])

@@ -195,9 +195,16 @@ def _read_tensor(r: _Reader, index: int, name: str) -> NDArray:
             f"supported: {', '.join(_dt.SUPPORTED)}",
             start,
         ) from None
+    shape_at = r.pos
     shape = struct.unpack(f"<{ndim}q", r.read(8 * ndim, f"{what} shape"))
     if any(d < 0 for d in shape):
-        raise r.fail(f"{what}: negative dimension in shape {shape}")
+        raise r.fail(f"{what}: negative dimension in shape {shape}", shape_at)
+    # NumPy, and so every host view of an NDArray, refuses a shape whose non-zero dims span
+    # more than sys.maxsize bytes even when a zero dim makes the tensor empty: no real file
+    # holds one, so it is corrupt (and must not become an NDArray that fails on first use).
+    extent = math.prod(d for d in shape if d) * _dt.itemsize(dt)
+    if extent > sys.maxsize:
+        raise r.fail(f"{what}: shape {shape} of {dt} is too large to address (over {sys.maxsize} bytes)", shape_at)
     nbytes_at = r.pos
     (nbytes,) = struct.unpack("<q", r.read(8, f"{what} nbytes"))
     expected = math.prod(shape) * _dt.itemsize(dt)

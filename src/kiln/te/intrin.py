@@ -8,7 +8,8 @@ from ..runtime.errors import CompileError
 from ..tir.dtype import check_dtype, is_float, max_value as _dt_max, min_value as _dt_min
 from ..tir.expr import _match  # the usual arithmetic conversions
 from ..tir.expr import (
-    PrimExpr, Reduce, binary, call, cast as _cast, const as _const, convert, logical_not as _lnot, select,
+    PrimExpr, Reduce, binary, call, cast as _cast, checked_index as _checked_index, const as _const, convert,
+    logical_not as _lnot, select,
 )
 from .tensor import IterVar
 
@@ -18,7 +19,7 @@ __all__ = [
     "abs", "floor", "ceil", "trunc", "round", "pow", "atan2", "fmod", "isnan", "isinf", "isfinite",
     "maximum", "minimum", "if_then_else", "floordiv", "floormod", "truncdiv", "truncmod", "equal", "not_equal",
     "logical_and", "logical_or", "logical_not", "all", "any", "sum", "reduce_max", "reduce_min", "reduce_prod",
-    "max_value", "min_value", "UNARY_FLOAT_INTRINSICS", "BINARY_FLOAT_INTRINSICS",
+    "max_value", "min_value", "checked_index", "UNARY_FLOAT_INTRINSICS", "BINARY_FLOAT_INTRINSICS",
 ]
 
 #: Float intrinsics (one argument) every code generator implements.
@@ -159,6 +160,31 @@ def maximum(a: Any, b: Any) -> PrimExpr:
 def minimum(a: Any, b: Any) -> PrimExpr:
     """Elementwise minimum (propagates NaN like ``numpy.minimum``)."""
     return binary("min", a, b)
+
+
+def checked_index(index: Any, extent: int, what: str) -> PrimExpr:
+    """An index read from data, with ONNX semantics, checked at run time.
+
+    Parameters
+    ----------
+    index : PrimExpr
+        The index value (any integer type), typically a load from an indices tensor.
+    extent : int
+        Size of the indexed axis; valid indices are ``-extent <= index < extent``.
+    what : str
+        Subject of the error message, e.g. ``"take: index into axis 1 of data (7, 5)"``.
+
+    Returns
+    -------
+    PrimExpr
+        ``index + extent`` for a negative index, else ``index`` (int64, in ``[0, extent)``).
+        An index outside the range makes the kernel fail with a message naming ``what``,
+        the bad value and the valid range, which the executor raises as ``KernelError``
+        naming the graph node. Use the result only to index ``extent``-sized axes: a
+        kernel never reads with an unchecked index, so for ``extent == 0`` every evaluation
+        is an error and the read it guards never happens.
+    """
+    return _checked_index(index, extent, what)
 
 
 def if_then_else(cond: Any, t: Any, f: Any) -> PrimExpr:

@@ -27,6 +27,8 @@ __all__ = [
     "Not",
     "Cast",
     "Call",
+    "CHECKED_INDEX",
+    "checked_index",
     "Select",
     "Load",
     "ProducerLoad",
@@ -241,15 +243,34 @@ class Cast(PrimExpr):
 
 
 class Call(PrimExpr):
-    """A pure math intrinsic: ``exp``, ``log``, ``sqrt``, ``tanh``, ``erf``, ``pow``, ...
+    """An intrinsic: a pure math function (``exp``, ``log``, ``sqrt``, ``tanh``, ``pow``, ...)
+    or one of the ``kiln.*`` intrinsics (:data:`CHECKED_INDEX`).
 
     ``op`` is the intrinsic's name; the code generators map it to libm / LLVM intrinsics.
+    ``text`` is a compile-time string operand (the error message subject of
+    :data:`CHECKED_INDEX`); it is empty for math functions.
     """
 
-    __slots__ = ("op", "args")
+    __slots__ = ("op", "args", "text")
 
-    def __init__(self, dtype: str, op: str, args: Sequence[PrimExpr]) -> None:
-        self.dtype, self.op, self.args = check_dtype(dtype), op, tuple(args)
+    def __init__(self, dtype: str, op: str, args: Sequence[PrimExpr], text: str = "") -> None:
+        self.dtype, self.op, self.args, self.text = check_dtype(dtype), op, tuple(args), text
+
+
+#: ``Call("int64", CHECKED_INDEX, [value, extent], text=what)``: an index read from data,
+#: with ONNX semantics.  It evaluates to ``value + extent`` for ``-extent <= value < 0``, to
+#: ``value`` for ``0 <= value < extent``; any other value makes the kernel fail (CPU: it
+#: records "<function>: <what>: index V is out of range ..." and returns -1; GPU dialects,
+#: which have no error path, clamp).  ``extent`` is a constant.  Build it with
+#: :func:`checked_index`.
+CHECKED_INDEX = "kiln.checked_index"
+
+
+def checked_index(value: Any, extent: int, what: str) -> PrimExpr:
+    """The :data:`CHECKED_INDEX` intrinsic: ``value`` (any integer type) wrapped and checked
+    against ``[-extent, extent)``; the result is an int64 in ``[0, extent)``."""
+    v = cast(convert(value), "int64")
+    return Call("int64", CHECKED_INDEX, [v, IntImm(int(extent), "int64")], text=what)
 
 
 class Select(PrimExpr):
@@ -603,8 +624,8 @@ def structural_equal(a: Any, b: Any) -> bool:
     if isinstance(a, Cast):
         return a.dtype == b.dtype and structural_equal(a.value, b.value)
     if isinstance(a, Call):
-        return a.op == b.op and a.dtype == b.dtype and len(a.args) == len(b.args) and all(
-            structural_equal(x, y) for x, y in zip(a.args, b.args))
+        return (a.op == b.op and a.dtype == b.dtype and a.text == b.text and len(a.args) == len(b.args)
+                and all(structural_equal(x, y) for x, y in zip(a.args, b.args)))
     if isinstance(a, Select):
         return (structural_equal(a.cond, b.cond) and structural_equal(a.true_value, b.true_value)
                 and structural_equal(a.false_value, b.false_value))

@@ -48,7 +48,7 @@ class Mutator:
             return e if v is e.value else cast(v, e.dtype)
         if isinstance(e, Call):
             args = [self.expr(a) for a in e.args]
-            return e if all(x is y for x, y in zip(args, e.args)) else Call(e.dtype, e.op, args)
+            return e if all(x is y for x, y in zip(args, e.args)) else Call(e.dtype, e.op, args, e.text)
         if isinstance(e, Select):
             c, t, f = self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
             if c is e.cond and t is e.true_value and f is e.false_value:

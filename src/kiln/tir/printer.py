@@ -41,7 +41,8 @@ def expr_to_str(e: Any, prec: int = 0) -> str:
     if isinstance(e, Cast):
         return f"{e.dtype}({expr_to_str(e.value)})"
     if isinstance(e, Call):
-        return f"{e.op}({', '.join(expr_to_str(a) for a in e.args)})"
+        text = [repr(e.text)] if e.text else []
+        return f"{e.op}({', '.join([expr_to_str(a) for a in e.args] + text)})"
     if isinstance(e, Select):
         return (f"if_then_else({expr_to_str(e.cond)}, {expr_to_str(e.true_value)}, "
                 f"{expr_to_str(e.false_value)})")

@@ -19,8 +19,8 @@ from typing import Any
 
 from .dtype import is_integer, is_bool
 from .expr import (
-    BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Select, Var, binary, const,
-    logical_not,
+    CHECKED_INDEX, BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Select, Var, binary,
+    const, logical_not,
 )
 from .functor import Mutator, substitute
 from .stmt import Evaluate, For, IfThenElse, LetStmt, Stmt, seq
@@ -50,7 +50,7 @@ def _key(e: PrimExpr) -> Any:
     if isinstance(e, Not):
         return ("not", _key(e.a))
     if isinstance(e, Call):
-        return ("call", e.op, tuple(_key(a) for a in e.args))
+        return ("call", e.op, e.text, tuple(_key(a) for a in e.args))
     if isinstance(e, Select):
         return ("sel", _key(e.cond), _key(e.true_value), _key(e.false_value))
     if isinstance(e, Load):
@@ -117,6 +117,8 @@ class Analyzer:
             return (min(a[0], b[0]), max(a[1], b[1]))
         if isinstance(e, Not):
             return (0, 1)
+        if isinstance(e, Call) and e.op == CHECKED_INDEX and isinstance(e.args[1], IntImm):
+            return (0, max(e.args[1].value - 1, 0))  # any other value never gets past the check
         return (-INF, INF)
 
     def can_prove(self, cond: PrimExpr) -> bool:

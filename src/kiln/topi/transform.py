@@ -1,14 +1,15 @@
-"""Data-movement ops (injective): reshape, transpose, concat, split, slices, gathers, tile, pad."""
+"""Data-movement ops (injective unless noted): reshape, transpose, concat, split, slices, gathers, scatters, one-hot,
+tile, pad. Every index read from data goes through :func:`data_index` (checked at run time)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from .. import te
 from .registry import register_compute
 from .util import TAG_BROADCAST, TAG_INJECTIVE, bload, load, norm_axis
 
-__all__ = ["reshape", "flat_index", "unravel"]
+__all__ = ["reshape", "flat_index", "unravel", "data_index"]
 
 
 def flat_index(idx: Sequence[Any], shape: Sequence[int]) -> Any:
@@ -123,17 +124,23 @@ def strided_slice(attrs: dict, inputs: list, out_types: list) -> list:
     return [te.compute(shape, body, name="strided_slice", tag=TAG_INJECTIVE)]
 
 
-def _norm_index(v: Any, n: int) -> Any:
-    """Negative indices count from the end; the result is clamped into ``[0, n)``."""
-    v = te.cast(v, "int64")
-    v = te.if_then_else(v < te.const(0, "int64"), v + te.const(n, "int64"), v)
-    v = te.minimum(te.maximum(v, te.const(0, "int64")), te.const(max(n - 1, 0), "int64"))
-    return te.cast(v, "int32")
+def data_index(v: Any, x: te.Tensor, axis: int, op: str) -> Any:
+    """An index read from data into ``x``'s ``axis``, with ONNX semantics (negative counts from
+    the end, out of range is a run-time error of the kernel, see :func:`kiln.te.checked_index`).
+
+    Every index-from-data op goes through here, so each one reads memory only with an index
+    proven to be in bounds, and reports a bad one the same way.
+    """
+    n = int(x.shape[axis])
+    what = f"{op}: index into axis {axis} (size {n}) of data with shape {tuple(int(d) for d in x.shape)}"
+    # the checked value lies in [0, n): int32 keeps the offset arithmetic as narrow as a loop
+    # index's (the codegens widen offsets of buffers with 2**31 or more elements)
+    return te.cast(te.checked_index(v, n, what), "int32")
 
 
 @register_compute("take")
 def take(attrs: dict, inputs: list, out_types: list) -> list:
-    """ONNX Gather along ``axis`` (out-of-range indices clamp, like the reference)."""
+    """ONNX Gather along ``axis`` (an out-of-range index is an error, see :func:`data_index`)."""
     x, ind = inputs
     nd = len(x.shape)
     axis = norm_axis(int(attrs.get("axis", 0)), nd)
@@ -141,7 +148,7 @@ def take(attrs: dict, inputs: list, out_types: list) -> list:
     shape = tuple(x.shape[:axis]) + tuple(ind.shape) + tuple(x.shape[axis + 1:])
 
     def body(*i: Any) -> Any:
-        j = _norm_index(load(ind, i[axis:axis + ki]), x.shape[axis])
+        j = data_index(load(ind, i[axis:axis + ki]), x, axis, "take")
         return load(x, list(i[:axis]) + [j] + list(i[axis + ki:]))
 
     return [te.compute(shape, body, name="take", tag=TAG_INJECTIVE)]
@@ -149,16 +156,126 @@ def take(attrs: dict, inputs: list, out_types: list) -> list:
 
 @register_compute("gather_elements")
 def gather_elements(attrs: dict, inputs: list, out_types: list) -> list:
-    """ONNX GatherElements (``take_along_axis``), indices clamped like the reference."""
+    """ONNX GatherElements (``take_along_axis``; an out-of-range index is an error)."""
     x, ind = inputs
     nd = len(x.shape)
     axis = norm_axis(int(attrs.get("axis", 0)), nd)
 
     def body(*i: Any) -> Any:
-        j = _norm_index(ind[i], x.shape[axis])
+        j = data_index(ind[i], x, axis, "gather_elements")
         return x[tuple(i[:axis]) + (j,) + tuple(i[axis + 1:])]
 
     return [te.compute(tuple(ind.shape), body, name="gather_elements", tag=TAG_INJECTIVE)]
+
+
+@register_compute("gather_nd")
+def gather_nd(attrs: dict, inputs: list, out_types: list) -> list:
+    """ONNX GatherND: ``out[i, j] = data[batch(i), *indices[i, :], j]`` (each index checked)."""
+    x, ind = inputs
+    b = int(attrs.get("batch_dims", 0))
+    k = int(ind.shape[-1])
+    q = len(ind.shape) - 1  # output dims that come from indices
+    shape = tuple(ind.shape[:-1]) + tuple(x.shape[b + k:])
+
+    def body(*i: Any) -> Any:
+        lead = list(i[:q])
+        src = list(i[:b]) + [data_index(load(ind, lead + [te.const(m)]), x, b + m, "gather_nd") for m in range(k)]
+        return load(x, src + list(i[q:]))
+
+    return [te.compute(shape, body, name="gather_nd", tag=TAG_INJECTIVE)]
+
+
+@register_compute("one_hot")
+def one_hot(attrs: dict, inputs: list, out_types: list) -> list:
+    """ONNX OneHot: ``values[1]`` where the (wrapped) index equals the position on ``axis``, else
+    ``values[0]``; an index outside ``[-depth, depth)`` matches nothing (an all-off row, as the
+    spec says), so nothing is read with it and there is nothing to check."""
+    ind, values = inputs
+    depth = int(attrs["depth"])
+    axis = norm_axis(int(attrs.get("axis", -1)), len(ind.shape) + 1)
+    shape = tuple(ind.shape[:axis]) + (depth,) + tuple(ind.shape[axis:])
+
+    def body(*i: Any) -> Any:
+        v = te.cast(load(ind, list(i[:axis]) + list(i[axis + 1:])), "int64")
+        v = te.if_then_else(v < te.const(0, "int64"), v + te.const(depth, "int64"), v)
+        return te.if_then_else(te.equal(v, te.cast(i[axis], "int64")), values[1], values[0])
+
+    return [te.compute(shape, body, name="one_hot", tag=TAG_INJECTIVE)]
+
+
+#: Tag of the search (reduction) stage of the scatters.
+TAG_SCATTER = "scatter"
+
+
+def _copy(x: te.Tensor, name: str) -> te.Tensor:
+    return te.compute(tuple(x.shape), lambda *i: load(x, i), name=name, tag=TAG_INJECTIVE)
+
+
+@register_compute("scatter_elements")
+def scatter_elements(attrs: dict, inputs: list, out_types: list) -> list:
+    """ONNX ScatterElements (reduction ``none``) as a search: ``found[p]`` is the last update
+    position along ``axis`` whose index is ``p[axis]`` (``O(size * updates along axis)``);
+    ``out[p]`` is that update, or ``data[p]``. Every index is checked (see
+    :func:`data_index`): each one is compared with every position of the axis."""
+    x, ind, upd = inputs
+    nd = len(x.shape)
+    axis = norm_axis(int(attrs.get("axis", 0)), nd)
+    us = tuple(int(d) for d in ind.shape)
+    if 0 in us:
+        return [_copy(x, "scatter_elements")]
+    k = te.reduce_axis((0, us[axis]), name="k")
+    none = te.const(-1, "int32")
+
+    def found_body(*p: Any) -> Any:
+        u = list(p)
+        u[axis] = k.var
+        hit = te.equal(data_index(load(ind, u), x, axis, "scatter_elements"), p[axis])
+        v = te.if_then_else(hit, te.cast(k.var, "int32"), none)
+        # positions past the updates' extent (off axis) read no index: the select is lazy
+        inside = [p[m] < us[m] for m in range(nd) if m != axis and us[m] < x.shape[m]]
+        if inside:
+            v = te.if_then_else(te.all(*inside), v, none)
+        return te.reduce_max(v, axis=k)
+
+    found = cast(te.Tensor, te.compute(tuple(x.shape), found_body, name="scatter_elements_src", tag=TAG_SCATTER))
+
+    def body(*p: Any) -> Any:
+        f = load(found, p)
+        src = list(p)
+        src[axis] = f
+        return te.if_then_else(f >= 0, load(upd, src), load(x, p))
+
+    return [te.compute(tuple(x.shape), body, name="scatter_elements", tag=TAG_INJECTIVE)]
+
+
+@register_compute("scatter_nd")
+def scatter_nd(attrs: dict, inputs: list, out_types: list) -> list:
+    """ONNX ScatterND (reduction ``none``) as a search: ``found[p]`` (over the ``k`` indexed
+    dims) is the last index row equal to ``p`` (``O(prod(data.shape[:k]) * rows * k)``);
+    ``out[p, j]`` is ``updates[row, j]``, or ``data[p, j]``. Every index is checked."""
+    x, ind, upd = inputs
+    k = int(ind.shape[-1])
+    qs = tuple(int(d) for d in ind.shape[:-1])
+    nq = 1
+    for d in qs:
+        nq *= d
+    if nq == 0:
+        return [_copy(x, "scatter_nd")]
+    r = te.reduce_axis((0, nq), name="r")
+
+    def found_body(*p: Any) -> Any:
+        q = unravel(r.var, qs)
+        hit = te.all(*[te.equal(data_index(load(ind, q + [te.const(m)]), x, m, "scatter_nd"), p[m])
+                       for m in range(k)])
+        return te.reduce_max(te.if_then_else(hit, r.var, te.const(-1, "int32")), axis=r)
+
+    found = cast(te.Tensor, te.compute(tuple(x.shape[:k]), found_body, name="scatter_nd_src", tag=TAG_SCATTER))
+
+    def body(*p: Any) -> Any:
+        f = load(found, p[:k])
+        return te.if_then_else(f >= 0, load(upd, unravel(f, qs) + list(p[k:])), load(x, p))
+
+    return [te.compute(tuple(x.shape), body, name="scatter_nd", tag=TAG_INJECTIVE)]
 
 
 @register_compute("broadcast_to")

@@ -6,10 +6,21 @@ constants, so shape computations (``Shape -> Gather -> Unsqueeze -> Concat -> Re
 as static attributes. Initializers become parameter placeholders (graph inputs) whose arrays are
 returned in ``params``; converters may still read their values when an input must be static
 (a Reshape shape, Resize scales, ...). Parameters only used that way disappear from the graph.
+
+A model is untrusted input: every way it can be malformed ends in a Kiln error naming the
+offending node, tensor or value, never in a raw Python exception. Three layers see to it:
+:func:`load_onnx` turns undecodable bytes into a :class:`FormatError`; before a converter runs,
+the node is checked against its ONNX schema (input count, required inputs and attributes,
+attribute types) and its attributes come in a :class:`NodeAttrs` that names a missing one; and
+any exception a converter still raises is re-raised as an :class:`InputError` naming the node
+(chained, so a Kiln bug stays debuggable). Declared sizes are capped by
+:data:`MAX_TENSOR_ELEMENTS` before anything is allocated for them.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,9 +28,11 @@ import numpy as np
 
 from ...ir import Graph, Value, get_op
 from ...ir.types import DTYPES, TensorType, np_dtype
-from ...runtime.errors import InputError, KilnError, UnsupportedOpError
+from ...runtime.errors import (FormatError, InputError, KilnError, KilnFileNotFoundError,
+                               UnsupportedOpError)
 
-__all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops", "convert_nodes"]
+__all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops", "convert_nodes",
+           "NodeAttrs", "check_size", "MAX_TENSOR_ELEMENTS"]
 
 ConverterFn = Callable[["Context", Any, list, dict], "list[Value] | Value"]
 _CONVERTERS: dict[str, ConverterFn] = {}
@@ -29,6 +42,30 @@ _CONVERTERS: dict[str, ConverterFn] = {}
 FOLD_LIMIT = 1 << 16
 #: Non-float initializers and tiny float ones become constants rather than params.
 SMALL_INIT = 16
+#: Largest number of elements a model may declare for one tensor (graph input, initializer,
+#: constant, node output): 2**32, i.e. 16 GiB of float32. Far above any tensor of a model Kiln
+#: deploys, and low enough that a corrupt or hostile dim (2**40, 2**62) is refused at import
+#: instead of surfacing as a MemoryError here or an overflow in a code generator.
+MAX_TENSOR_ELEMENTS = 1 << 32
+
+
+def check_size(shape: Sequence[int], what: str) -> None:
+    """InputError unless ``shape`` has non-negative dims and at most MAX_TENSOR_ELEMENTS elements.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        A declared shape.
+    what : str
+        The thing that declares it, for the message (``"graph input 'x'"``).
+    """
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise InputError(f"{what} declares a negative dimension in shape {tuple(dims)}")
+    # math.prod on Python ints: no int64 wrap-around for absurd dims
+    if math.prod(dims) > MAX_TENSOR_ELEMENTS:
+        raise InputError(f"{what} declares shape {tuple(dims)} with {math.prod(dims)} elements; "
+                         f"Kiln accepts at most {MAX_TENSOR_ELEMENTS} elements per tensor")
 
 
 def onnx_op(*op_types: str) -> Callable[[ConverterFn], ConverterFn]:
@@ -52,34 +89,84 @@ def _load_converters() -> None:
     from . import ops_control, ops_math, ops_nn, ops_tensor  # noqa: F401
 
 
+def _elem_type_name(elem_type: int) -> str:
+    import onnx
+
+    if elem_type in onnx.TensorProto.DataType.values():
+        return onnx.TensorProto.DataType.Name(elem_type)
+    return f"#{elem_type} (not an ONNX element type)"
+
+
 def onnx_dtype(elem_type: int) -> str:
     """IR dtype name of an ONNX TensorProto element type; UnsupportedOpError if none."""
     import onnx
 
     try:
         name = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001  (onnx raises KeyError / ValueError / TypeError)
         name = None
     if elem_type == onnx.TensorProto.BFLOAT16:
         name = "bfloat16"
     if name not in DTYPES:
-        tname = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
-        raise UnsupportedOpError(f"ONNX element type {tname} is not supported")
+        raise UnsupportedOpError(f"ONNX element type {_elem_type_name(elem_type)} is not "
+                                 f"supported")
     return name
 
 
-def tensor_to_array(t: Any) -> np.ndarray:
-    """NumPy array of a TensorProto (bfloat16 via ml_dtypes)."""
+def tensor_to_array(t: Any, what: str | None = None) -> np.ndarray:
+    """NumPy array of a TensorProto (bfloat16 via ml_dtypes).
+
+    Parameters
+    ----------
+    t : onnx.TensorProto
+    what : str, optional
+        How to name the tensor in errors (default: ``tensor '<name>'``).
+
+    Raises
+    ------
+    UnsupportedOpError
+        String tensors and element types Kiln has no dtype for.
+    InputError
+        Dims that are negative or declare more than :data:`MAX_TENSOR_ELEMENTS` elements.
+    FormatError
+        Data that does not match the dims and element type (wrong byte count, external data
+        that was not loaded, ...).
+    """
     import onnx
     from onnx import numpy_helper
 
+    what = what or f"tensor {t.name!r}"
     if t.data_type == onnx.TensorProto.STRING:
-        raise UnsupportedOpError(f"string tensor {t.name!r} is not supported")
-    arr = numpy_helper.to_array(t)
-    if t.data_type == onnx.TensorProto.BFLOAT16 and arr.dtype != np_dtype("bfloat16"):
+        raise UnsupportedOpError(f"string {what} is not supported")
+    dtype = onnx_dtype(t.data_type)
+    check_size(t.dims, what)
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as exc:  # noqa: BLE001  (numpy / onnx raise ValueError, TypeError, ...)
+        raise FormatError(f"{what}: its data does not hold a {_elem_type_name(t.data_type)} "
+                          f"tensor of shape {tuple(t.dims)} ({type(exc).__name__}: {exc})"
+                          ) from exc
+    if dtype == "bfloat16" and arr.dtype != np_dtype("bfloat16"):
         arr = arr.astype(np_dtype("bfloat16"))
-    onnx_dtype(t.data_type)
     return arr
+
+
+class NodeAttrs(dict):
+    """A node's attributes by name; reading a missing one raises an InputError naming the node.
+
+    Converters index required attributes (``attrs["ends"]``) and ``.get`` optional ones, so a
+    model that omits a required attribute gets "Slice node 's': required attribute 'ends' is
+    missing" instead of a bare ``KeyError``.
+    """
+
+    def __init__(self, values: Mapping[str, Any], where: str, opset: int) -> None:
+        super().__init__(values)
+        self.where = where
+        self.opset = opset
+
+    def __missing__(self, key: str) -> Any:
+        raise InputError(f"{self.where}: required attribute {key!r} is missing (the node has "
+                         f"{sorted(map(str, self)) or 'no attributes'}; opset {self.opset})")
 
 
 class Context:
@@ -158,7 +245,10 @@ class Context:
 
     def static_ints(self, v: Value | None, what: str) -> tuple[int, ...]:
         """A static 0-/1-D integer input as a tuple of int."""
-        return tuple(int(x) for x in np.asarray(self.static(v, what)).reshape(-1))
+        arr = np.asarray(self.static(v, what)).reshape(-1)
+        if arr.dtype.kind not in "iub" and not np.isfinite(arr.astype(np.float64)).all():
+            raise self.bad(f"input {what!r} must hold integers, got {arr[:8].tolist()}")
+        return tuple(int(x) for x in arr)
 
     def is_static(self, v: Value | None) -> bool:
         """Whether ``v`` is a constant or parameter."""
@@ -176,6 +266,17 @@ class Context:
         """Cast (no-op when the dtype matches)."""
         return v if v.dtype == dtype else self.emit1("cast", v, dtype=dtype)
 
+    def axis(self, axis: int, ndim: int, what: str = "axis") -> int:
+        """``axis`` normalised into ``[0, ndim)``; InputError naming the node if out of range."""
+        if not -ndim <= axis < ndim:
+            raise self.bad(f"{what} {axis} is out of range for a {ndim}-D input "
+                           f"(expected {-ndim} <= {what} < {ndim})")
+        return axis + ndim if axis < 0 else axis
+
+    def check_size(self, shape: Sequence[int], what: str) -> None:
+        """:func:`check_size` of a shape this node is about to materialise."""
+        check_size(shape, f"{self.where}: {what}")
+
     def unsupported(self, msg: str) -> UnsupportedOpError:
         """An UnsupportedOpError naming the current node."""
         return UnsupportedOpError(f"{self.where}: {msg}")
@@ -185,13 +286,22 @@ class Context:
         return InputError(f"{self.where}: {msg}")
 
 
+def _text(raw: bytes, node: Any, attr: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{node.op_type} node {node.name!r}: attribute {attr!r} is not UTF-8 "
+                         f"text ({raw[:32]!r})") from None
+
+
 def _attrs_of(node: Any) -> dict[str, Any]:
     import onnx
 
     res: dict[str, Any] = {}
     for a in node.attribute:
         if a.type == onnx.AttributeProto.TENSOR:
-            res[a.name] = tensor_to_array(a.t)
+            res[a.name] = tensor_to_array(a.t, f"{node.op_type} node {node.name!r}: attribute "
+                                               f"{a.name!r}")
         elif a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
             res[a.name] = a  # control flow: unsupported, but keep the node listable
         elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
@@ -199,9 +309,9 @@ def _attrs_of(node: Any) -> dict[str, Any]:
         else:
             v = onnx.helper.get_attribute_value(a)
             if isinstance(v, bytes):
-                v = v.decode("utf-8")
+                v = _text(v, node, a.name)
             elif isinstance(v, list) and v and isinstance(v[0], bytes):
-                v = [x.decode("utf-8") for x in v]
+                v = [_text(x, node, a.name) for x in v]
             res[a.name] = v
     return res
 
@@ -212,21 +322,35 @@ def load_onnx(model_or_path: Any) -> Any:
 
     if isinstance(model_or_path, onnx.ModelProto):
         return model_or_path
-    if isinstance(model_or_path, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(model_or_path))
-    if isinstance(model_or_path, (str, os.PathLike)):
+    if isinstance(model_or_path, (bytes, bytearray, memoryview)):
+        data = bytes(model_or_path)
+        if not data:
+            raise FormatError("the ONNX model is empty (0 bytes); expected a serialized "
+                              "ModelProto")
+        try:
+            model = onnx.load_from_string(data)
+        except Exception as exc:  # noqa: BLE001  (protobuf's DecodeError, RuntimeWarning, ...)
+            raise FormatError(f"cannot parse {len(data)} bytes as an ONNX ModelProto: "
+                              f"{exc}") from exc
+        what = f"{len(data)} bytes"
+    elif isinstance(model_or_path, (str, os.PathLike)):
         path = os.fspath(model_or_path)
         if not os.path.exists(path):
-            from ...runtime.errors import KilnFileNotFoundError
-
             raise KilnFileNotFoundError(f"ONNX model {path!r} does not exist")
         try:
-            return onnx.load(path)
+            model = onnx.load(path)
         except Exception as exc:  # noqa: BLE001
-            from ...runtime.errors import FormatError
-
             raise FormatError(f"cannot parse ONNX model {path!r}: {exc}") from exc
-    raise InputError(f"expected an onnx.ModelProto or a path, got {type(model_or_path).__name__}")
+        what = f"ONNX model {path!r}"
+    else:
+        raise InputError(f"expected an onnx.ModelProto, bytes or a path, got "
+                         f"{type(model_or_path).__name__}")
+    # Protobuf decodes many byte strings (even b"\x00"-free junk) as a ModelProto with no
+    # graph: that is not a model.
+    if not model.HasField("graph"):
+        raise FormatError(f"{what}: decodes as a ModelProto without a graph; not an ONNX "
+                          f"model")
+    return model
 
 
 def _all_nodes(graph: Any) -> list[Any]:
@@ -251,12 +375,90 @@ def _check_supported(graph: Any) -> None:
         domain = node.domain or ""
         key = node.op_type if domain in ("", "ai.onnx") else f"{domain}.{node.op_type}"
         if domain not in ("", "ai.onnx") or node.op_type not in _CONVERTERS:
-            missing.setdefault(key, []).append(node.name or f"#{i}")
+            # str(): protobuf hands back bytes for names that are not valid UTF-8
+            missing.setdefault(str(key), []).append(str(node.name or f"#{i}"))
     if missing:
         parts = [f"{op} (nodes: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})"
                  for op, names in sorted(missing.items())]
         raise UnsupportedOpError(
             f"the model uses {len(missing)} unsupported ONNX op type(s): " + "; ".join(parts))
+
+
+def _check_graph(graph: Any) -> None:
+    """Reject graph-level structure that no node converter can repair."""
+    if not graph.output:
+        raise InputError(f"graph {graph.name!r} has no outputs; a model must declare at least "
+                         f"one")
+    for what, vis in (("output", graph.output), ("input", graph.input)):
+        seen: set[str] = set()
+        for vi in vis:
+            if not vi.name:
+                raise InputError(f"graph {graph.name!r} has an {what} with an empty name")
+            if vi.name in seen:
+                raise InputError(f"graph {graph.name!r} declares {what} {vi.name!r} twice; "
+                                 f"{what} names must be unique")
+            seen.add(vi.name)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(op_type: str, opset: int) -> Any:
+    """The ONNX schema of ``op_type`` in effect at ``opset``, or None if onnx has none.
+
+    An op used at an opset older than the op itself (Einsum at opset 11) gets its newest
+    schema: the converters read such nodes with their newest semantics too.
+    """
+    import onnx.defs
+
+    for args in ((op_type, max(int(opset), 1), ""), (op_type, "")):
+        try:
+            return onnx.defs.get_schema(*args)
+        except Exception:  # noqa: BLE001,S112  (SchemaError: not defined at that opset)
+            continue
+    return None
+
+
+def _check_node(node: Any, opset: int, attrs: Mapping[str, Any]) -> None:
+    """Check ``node`` against its ONNX schema: input count, required inputs and attributes.
+
+    Catches, with a message naming the node, what would otherwise fail deep inside a converter
+    as an IndexError (too few inputs), AttributeError (an empty required input) or TypeError
+    (an attribute of the wrong type). Ops that onnx has no schema for at this opset are left
+    to their converter.
+    """
+    import onnx
+    from onnx.defs import OpSchema
+
+    schema = _schema(node.op_type, opset)
+    if schema is None:
+        return
+    where = f"{node.op_type} node {node.name!r}"
+    n = len(node.input)
+    if not schema.min_input <= n <= schema.max_input:
+        most = "any number of" if schema.max_input > 1 << 16 else f"at most {schema.max_input}"
+        raise InputError(f"{where} has {n} input(s); {node.op_type}-{schema.since_version} "
+                         f"takes at least {schema.min_input} and {most}")
+    formals = list(schema.inputs)
+    for i, name in enumerate(node.input):
+        formal = formals[min(i, len(formals) - 1)] if formals else None
+        if not name and formal is not None \
+                and formal.option != OpSchema.FormalParameterOption.Optional:
+            raise InputError(f"{where}: input {i} ({formal.name!r}) is required but the node "
+                             f"leaves it empty")
+    for name, spec in schema.attributes.items():
+        if spec.required and name not in attrs:
+            raise InputError(f"{where}: required attribute {name!r} is missing "
+                             f"({node.op_type}-{schema.since_version})")
+    # Converters read some attributes at every opset (AveragePool's dilations, new in 19), so
+    # an attribute this opset's schema lacks is checked against the newest schema's type.
+    newest = _schema(node.op_type, 1 << 30)
+    for a in node.attribute:
+        spec = schema.attributes.get(a.name) or newest.attributes.get(a.name)
+        want = int(spec.type) if spec is not None else 0
+        if want and a.type != want:
+            names = onnx.AttributeProto.AttributeType
+            got = names.Name(a.type) if a.type in names.values() else f"#{a.type}"
+            raise InputError(f"{where}: attribute {a.name!r} must be of type "
+                             f"{names.Name(want)}, got {got}")
 
 
 def _input_type(vi: Any, shape: Sequence[int] | None, dtype: str | None) -> TensorType:
@@ -265,7 +467,9 @@ def _input_type(vi: Any, shape: Sequence[int] | None, dtype: str | None) -> Tens
         raise UnsupportedOpError(f"graph input {vi.name!r} is not a tensor")
     dt = dtype or onnx_dtype(tt.elem_type)
     if shape is not None:
-        return TensorType(tuple(int(d) for d in shape), dt)
+        shape = tuple(int(d) for d in shape)
+        check_size(shape, f"shape= for graph input {vi.name!r}")
+        return TensorType(shape, dt)
     if not tt.HasField("shape"):
         raise InputError(f"graph input {vi.name!r} has no shape; pass shape={{{vi.name!r}: ...}}")
     dims = []
@@ -276,6 +480,7 @@ def _input_type(vi: Any, shape: Sequence[int] | None, dtype: str | None) -> Tens
             sym = d.dim_param or "?"
             raise InputError(f"graph input {vi.name!r} has a dynamic dimension ({sym!r}); "
                              f"pass shape={{{vi.name!r}: (...)}} to from_onnx")
+    check_size(dims, f"graph input {vi.name!r}")
     return TensorType(tuple(dims), dt)
 
 
@@ -319,6 +524,7 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
         if imp.domain in ("", "ai.onnx"):
             opset = imp.version
     g = model.graph
+    _check_graph(g)
     _check_supported(g)
     freeze_all = freeze is True
     freeze_map = dict(freeze) if isinstance(freeze, Mapping) else {}
@@ -341,6 +547,8 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
     env: dict[str, Value] = {}
     ctx.env = env
     for vi in real_inputs:
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedOpError(f"graph input {vi.name!r} is not a tensor")
         if vi.name in freeze_map:
             arr = np.asarray(freeze_map[vi.name])
             want = onnx_dtype(vi.type.tensor_type.elem_type)
@@ -362,7 +570,7 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
         if t.name in freeze_map:
             env[t.name] = ctx.const(np.asarray(freeze_map[t.name]))
             continue
-        arr = tensor_to_array(t)
+        arr = tensor_to_array(t, f"initializer {t.name!r}")
         is_float = arr.dtype.kind == "f" or arr.dtype.name == "bfloat16"
         if freeze_all or not is_float or arr.size <= SMALL_INIT:
             # Keep the initializer's name so printed IR and errors can point at it.
@@ -420,7 +628,13 @@ def convert_nodes(ctx: Context, nodes: Sequence[Any], env: dict[str, Value],
                 raise InputError(f"{node.op_type} node {node.name!r}: input {name!r} is not "
                                  f"defined before use")
         try:
-            res = _CONVERTERS[node.op_type](ctx, node, ins, _attrs_of(node))
+            attrs = NodeAttrs(_attrs_of(node), ctx.where, ctx.opset)
+            _check_node(node, ctx.opset, attrs)
+            res = _CONVERTERS[node.op_type](ctx, node, ins, attrs)
+            res = [res] if isinstance(res, Value) else list(res)
+            for i, v in enumerate(res[:len(node.output)]):
+                if v is not None and node.output[i]:
+                    check_size(v.shape, f"output {i} ({node.output[i]!r})")
         except UnsupportedOpError:
             raise
         except KilnError as exc:
@@ -428,8 +642,12 @@ def convert_nodes(ctx: Context, nodes: Sequence[Any], env: dict[str, Value],
             prefix = f"ONNX {node.op_type} node {node.name!r}: "
             raise type(exc)(msg if node.name and repr(node.name) in msg else prefix + msg) \
                 from None
-        if isinstance(res, Value):
-            res = [res]
+        except Exception as exc:  # noqa: BLE001  (the model is untrusted input: see module doc)
+            raise InputError(
+                f"ONNX {node.op_type} node {node.name!r} (opset {ctx.opset}) cannot be "
+                f"converted: its inputs {[v.type if v is not None else None for v in ins]} or "
+                f"attributes {sorted(str(a.name) for a in node.attribute)} do not fit what "
+                f"{node.op_type} expects ({type(exc).__name__}: {exc})") from exc
         for i, name in enumerate(node.output):
             if not name:
                 continue

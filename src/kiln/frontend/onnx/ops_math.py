@@ -114,9 +114,12 @@ def _clip(ctx: Context, node, ins, attrs):
     lo = ins[1] if len(ins) > 1 else None
     hi = ins[2] if len(ins) > 2 else None
     slo, shi = ctx.try_static(lo), ctx.try_static(hi)
+    for v, what in ((slo, "min"), (shi, "max")):
+        if v is not None and np.asarray(v).size != 1:
+            raise ctx.bad(f"input {what!r} must be a scalar, got shape {np.asarray(v).shape}")
     if (lo is None or slo is not None) and (hi is None or shi is not None):
-        return ctx.emit1("clip", x, a_min=None if slo is None else float(np.asarray(slo)),
-                         a_max=None if shi is None else float(np.asarray(shi)))
+        return ctx.emit1("clip", x, a_min=None if slo is None else float(np.ravel(slo)[0]),
+                         a_max=None if shi is None else float(np.ravel(shi)[0]))
     # Bounds computed at run time: max/min with broadcasting.
     if lo is not None:
         x = ctx.emit1("maximum", x, lo)
@@ -154,8 +157,7 @@ def _reduce_axes(ctx: Context, node, ins, attrs, input_since: int) -> tuple[int,
         if attrs.get("noop_with_empty_axes", 0):
             return None
         return tuple(range(x.type.ndim))
-    nd = x.type.ndim
-    return tuple(sorted(a + nd if a < 0 else a for a in axes))
+    return tuple(sorted(ctx.axis(a, x.type.ndim) for a in axes))
 
 
 def _reduce(ctx: Context, node, ins, attrs, op: str, input_since: int, pre=None, post=None
@@ -221,7 +223,8 @@ def _reduce_lse(ctx, node, ins, attrs):
 
 @onnx_op("ArgMax", "ArgMin")
 def _arg(ctx, node, ins, attrs):
-    return ctx.emit1(node.op_type.lower(), ins[0], axis=attrs.get("axis", 0),
+    axis = ctx.axis(attrs.get("axis", 0), ins[0].type.ndim)
+    return ctx.emit1(node.op_type.lower(), ins[0], axis=axis,
                      keepdims=bool(attrs.get("keepdims", 1)),
                      select_last_index=bool(attrs.get("select_last_index", 0)))
 
@@ -232,9 +235,12 @@ def _topk(ctx, node, ins, attrs):
     if ctx.opset < 10:
         k = attrs["k"]
     else:
-        (k,) = ctx.static_ints(ins[1], "K")
-    axis = attrs.get("axis", -1)
-    if axis < 0:
-        axis += x.type.ndim
+        ks = ctx.static_ints(ins[1], "K")
+        if len(ks) != 1:
+            raise ctx.bad(f"input 'K' must hold one value, got {ks}")
+        (k,) = ks
+    axis = ctx.axis(attrs.get("axis", -1), x.type.ndim)
+    if not 0 <= k <= x.shape[axis]:
+        raise ctx.bad(f"k={k} is out of range for axis {axis} of size {x.shape[axis]}")
     return ctx.emit("topk", [x], {"k": k, "axis": axis, "largest": bool(attrs.get("largest", 1)),
                                   "sorted": bool(attrs.get("sorted", 1))})

@@ -114,6 +114,9 @@ def _conv_transpose(ctx: Context, node, ins, attrs):
         outpad = tuple(o + e for o, e in zip(outpad, extra))
     elif auto == "VALID":
         pads = (0,) * (2 * nd)
+    if not len(kernel) == len(strides) == len(dil) == len(outpad) == nd or len(pads) != 2 * nd:
+        raise ctx.bad(f"kernel_shape {kernel}, strides {strides}, dilations {dil}, "
+                      f"output_padding {outpad} and pads {pads} do not match a {nd}-D kernel")
     if nd == 3:
         y = _conv_transpose3d(ctx, x, w, strides, dil, pads, outpad, attrs.get("group", 1))
         return y if b is None else ctx.emit1("bias_add", y, b, axis=1)
@@ -184,6 +187,8 @@ def _conv_transpose3d(ctx: Context, x: Value, w: Value, strides: tuple, dil: tup
 def _gemm(ctx: Context, node, ins, attrs):
     a, b = ins[0], ins[1]
     c = ins[2] if len(ins) > 2 else None
+    if a.type.ndim != 2 or b.type.ndim != 2:
+        raise ctx.bad(f"A {a.shape} and B {b.shape} must both be 2-D matrices")
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
     if attrs.get("transA", 0):
         a = ctx.emit1("transpose", a, axes=(1, 0))
@@ -304,10 +309,10 @@ def _layer_norm(ctx: Context, node, ins, attrs):
 def _softmax(ctx: Context, node, ins, attrs):
     x = ins[0]
     op = "softmax" if node.op_type == "Softmax" else "log_softmax"
+    # Range-checked at every opset: before 13 an axis past the rank used to flatten the input
+    # into (N, 1) and return all ones (or zeros) instead of failing.
+    axis = ctx.axis(attrs.get("axis", -1 if ctx.opset >= 13 else 1), x.type.ndim)
     nd = x.type.ndim
-    axis = attrs.get("axis", -1 if ctx.opset >= 13 else 1)
-    if axis < 0:
-        axis += nd
     if ctx.opset >= 13 or axis == nd - 1:
         return ctx.emit1(op, x, axis=axis)
     # Opset < 13: softmax over the flattened trailing dims [axis:].
@@ -434,9 +439,9 @@ def _resize(ctx: Context, node, ins, attrs):
         scales_v = ins[1] if len(ins) > 1 else None
         sizes_v = None
         if scales_v is None:
-            scales_arr = np.asarray(attrs["scales"], dtype=np.float64)
+            scales_arr = np.asarray(attrs["scales"], dtype=np.float64).reshape(-1)
         else:
-            scales_arr = np.asarray(ctx.static(scales_v, "scales"), dtype=np.float64)
+            scales_arr = np.asarray(ctx.static(scales_v, "scales"), dtype=np.float64).reshape(-1)
         nearest_mode = "floor"
         # Opset < 11 nearest used floor of x / scale.
     else:
@@ -447,7 +452,9 @@ def _resize(ctx: Context, node, ins, attrs):
             s = np.asarray(ctx.static(scales_v, "scales"), dtype=np.float64).reshape(-1)
             scales_arr = s if s.size else None
         nearest_mode = attrs.get("nearest_mode", "round_prefer_floor")
-    axes = tuple(attrs.get("axes", range(nd)))
+    axes = attrs.get("axes", range(nd))
+    if not isinstance(axes, (list, tuple, range)) or not all(isinstance(a, int) for a in axes):
+        raise ctx.bad(f"attribute 'axes' must be a list of ints, got {axes!r}")
     axes = tuple(a + nd if a < 0 else a for a in axes)
     if len(set(axes)) != len(axes) or any(not 0 <= a < nd for a in axes):
         raise ctx.bad(f"axes {tuple(attrs['axes'])} are not distinct axes of a {nd}-D input")
@@ -457,6 +464,8 @@ def _resize(ctx: Context, node, ins, attrs):
     if scales_arr is not None:
         if len(scales_arr) != len(axes):
             raise ctx.bad(f"scales {scales_arr.tolist()} do not match axes {axes}")
+        if not all(math.isfinite(s) and s > 0 for s in scales_arr):
+            raise ctx.bad(f"scales {scales_arr.tolist()} must be finite and positive")
         for a, s in zip(axes, scales_arr):
             scales[a] = float(s)
             out[a] = int(math.floor(in_shape[a] * float(s) + 1e-9))
@@ -464,17 +473,22 @@ def _resize(ctx: Context, node, ins, attrs):
         sizes = ctx.static_ints(sizes_v, "sizes")
         if len(sizes) != len(axes):
             raise ctx.bad(f"sizes {sizes} do not match axes {axes}")
+        if any(n < 0 or (n and not in_shape[a]) for a, n in zip(axes, sizes)):
+            raise ctx.bad(f"sizes {sizes} must be non-negative, and 0 where input {in_shape} "
+                          f"is empty")
         policy = attrs.get("keep_aspect_ratio_policy", "stretch")
         if policy == "stretch":
             for a, n in zip(axes, sizes):
-                scales[a] = n / in_shape[a]
+                scales[a] = n / in_shape[a] if in_shape[a] else 1.0
                 out[a] = n
         else:
-            ratios = [n / in_shape[a] for a, n in zip(axes, sizes)]
+            ratios = [n / in_shape[a] if in_shape[a] else 1.0 for a, n in zip(axes, sizes)]
             r = min(ratios) if policy == "not_larger" else max(ratios)
             for a in axes:
                 scales[a] = r
                 out[a] = int(math.floor(r * in_shape[a] + 0.5))
+    # Checked before the interpolation tables (out * taps arrays) are built for it.
+    ctx.check_size(out, "the output")
     antialias = bool(attrs.get("antialias", 0)) and mode != "nearest" and \
         any(s < 1 for s in scales)
     batch_or_channel = scales[0] != 1.0 or scales[1] != 1.0 or out[0] != in_shape[0] or \

@@ -9,12 +9,6 @@ import numpy as np
 from .converter import Context, onnx_op
 
 
-def _axis(a: int, ndim: int, ctx: Context) -> int:
-    if not -ndim <= a < ndim:
-        raise ctx.bad(f"axis {a} out of range for rank {ndim}")
-    return a + ndim if a < 0 else a
-
-
 # ----------------------------------------------------------------------------- constants
 @onnx_op("Constant")
 def _constant(ctx: Context, node, ins, attrs):
@@ -34,8 +28,10 @@ def _constant(ctx: Context, node, ins, attrs):
 @onnx_op("ConstantOfShape")
 def _constant_of_shape(ctx: Context, node, ins, attrs):
     shape = ctx.static_ints(ins[0], "input")
-    value = attrs.get("value", np.zeros(1, dtype=np.float32))
-    value = np.asarray(value).reshape(-1)[:1]
+    ctx.check_size(shape, "the shape input")
+    value = np.asarray(attrs.get("value", np.zeros(1, dtype=np.float32))).reshape(-1)[:1]
+    if not value.size:
+        raise ctx.bad("attribute 'value' must hold one element, it is empty")
     return ctx.const(np.full(shape, value[0], dtype=value.dtype))
 
 
@@ -55,8 +51,14 @@ def _size(ctx: Context, node, ins, attrs):
 def _range(ctx: Context, node, ins, attrs):
     start, limit, delta = (ctx.static(v, n) for v, n in zip(ins, ("start", "limit", "delta")))
     dt = np.asarray(start).dtype
+    for v, n in zip((start, limit, delta), ("start", "limit", "delta")):
+        if np.asarray(v).size != 1:
+            raise ctx.bad(f"input {n!r} must be a scalar, got shape {np.asarray(v).shape}")
     s, l, d = (np.asarray(x).item() for x in (start, limit, delta))
+    if d == 0 or not all(math.isfinite(v) for v in (s, l, d)):
+        raise ctx.bad(f"start={s}, limit={l}, delta={d}: delta must be non-zero and all finite")
     n = max(int(math.ceil((l - s) / d)), 0)
+    ctx.check_size((n,), "the output")
     return ctx.const((s + np.arange(n) * d).astype(dt))
 
 
@@ -120,6 +122,9 @@ def _flatten(ctx: Context, node, ins, attrs):
     x = ins[0]
     nd = x.type.ndim
     axis = attrs.get("axis", 1)
+    if not -nd <= axis <= nd:  # Flatten's axis may equal the rank (everything in dim 0)
+        raise ctx.bad(f"axis {axis} is out of range for a {nd}-D input (expected {-nd} <= "
+                      f"axis <= {nd})")
     if axis < 0:
         axis += nd
     return ctx.emit1("reshape", x, newshape=(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
@@ -140,7 +145,7 @@ def _squeeze(ctx: Context, node, ins, attrs):
     nd = x.type.ndim
     if axes is None:
         axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
-    axes = {_axis(a, nd, ctx) for a in axes}
+    axes = {ctx.axis(a, nd) for a in axes}
     for a in axes:
         if x.shape[a] != 1:
             raise ctx.bad(f"cannot squeeze axis {a} of size {x.shape[a]}")
@@ -155,7 +160,7 @@ def _unsqueeze(ctx: Context, node, ins, attrs):
     if axes is None:
         raise ctx.bad("Unsqueeze needs axes")
     out_nd = x.type.ndim + len(axes)
-    axes = sorted(_axis(a, out_nd, ctx) for a in axes)
+    axes = sorted(ctx.axis(a, out_nd) for a in axes)
     shape = list(x.shape)
     for a in axes:
         shape.insert(a, 1)
@@ -174,14 +179,14 @@ def _transpose(ctx: Context, node, ins, attrs):
 @onnx_op("Concat")
 def _concat(ctx: Context, node, ins, attrs):
     vals = [v for v in ins if v is not None]
-    axis = _axis(attrs.get("axis", 0), vals[0].type.ndim, ctx)
+    axis = ctx.axis(attrs.get("axis", 0), vals[0].type.ndim)
     return ctx.emit1("concatenate", *vals, axis=axis)
 
 
 @onnx_op("Split")
 def _split(ctx: Context, node, ins, attrs):
     x = ins[0]
-    axis = _axis(attrs.get("axis", 0), x.type.ndim, ctx)
+    axis = ctx.axis(attrs.get("axis", 0), x.type.ndim)
     dim = x.shape[axis]
     n_out = len(node.output)
     if ctx.opset >= 13:
@@ -215,7 +220,14 @@ def _slice(ctx: Context, node, ins, attrs):
         steps = ctx.static_ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None \
             else (1,) * len(starts)
     nd = x.type.ndim
-    axes = tuple(_axis(a, nd, ctx) for a in axes)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.bad(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have "
+                      f"the same length")
+    axes = tuple(ctx.axis(a, nd) for a in axes)
+    if len(set(axes)) != len(axes):
+        raise ctx.bad(f"axes {axes} repeat an axis")
+    if 0 in steps:
+        raise ctx.bad(f"steps {steps} contain 0")
     # Canonicalize: clamp to the int64-free range of this shape so attrs stay small.
     from ...ir.ops import normalize_slice
 
@@ -231,7 +243,7 @@ def _slice(ctx: Context, node, ins, attrs):
 @onnx_op("Gather")
 def _gather(ctx: Context, node, ins, attrs):
     x, idx = ins
-    axis = _axis(attrs.get("axis", 0), x.type.ndim, ctx)
+    axis = ctx.axis(attrs.get("axis", 0), x.type.ndim)
     if idx.dtype not in ("int32", "int64"):
         idx = ctx.cast(idx, "int64")
     return ctx.emit1("take", x, idx, axis=axis)
@@ -240,8 +252,8 @@ def _gather(ctx: Context, node, ins, attrs):
 @onnx_op("GatherElements")
 def _gather_elements(ctx: Context, node, ins, attrs):
     x, idx = ins
-    return ctx.emit1("gather_elements", x, idx, axis=_axis(attrs.get("axis", 0), x.type.ndim,
-                                                            ctx))
+    return ctx.emit1("gather_elements", x, idx,
+                     axis=ctx.axis(attrs.get("axis", 0), x.type.ndim))
 
 
 @onnx_op("Expand")
@@ -277,7 +289,7 @@ def _pad(ctx: Context, node, ins, attrs):
             cv = np.asarray(ctx.static(ins[2], "constant_value")).reshape(-1)
             value = cv[0].item() if cv.size else 0.0
         if len(ins) > 3 and ins[3] is not None:
-            axes = tuple(_axis(a, nd, ctx) for a in ctx.static_ints(ins[3], "axes"))
+            axes = tuple(ctx.axis(a, nd) for a in ctx.static_ints(ins[3], "axes"))
         else:
             axes = tuple(range(nd))
     if len(pads) != 2 * len(axes):
@@ -285,6 +297,10 @@ def _pad(ctx: Context, node, ins, attrs):
     width = [[0, 0] for _ in range(nd)]
     for i, a in enumerate(axes):
         width[a] = [pads[i], pads[i + len(axes)]]
+    out = tuple(d + b + e for d, (b, e) in zip(x.shape, width))
+    if any(d < 0 for d in out):
+        raise ctx.bad(f"pads {pads} crop input {x.shape} to a negative size {out}")
+    ctx.check_size(out, f"the output of pads {pads}")
     pos = tuple((max(b, 0), max(e, 0)) for b, e in width)
     y = x
     if any(p != (0, 0) for p in pos):

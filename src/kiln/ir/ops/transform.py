@@ -164,19 +164,29 @@ def _take_rel(ts, attrs):
     return [TensorType(data.shape[:axis] + idx.shape + data.shape[axis + 1:], data.dtype)]
 
 
+def data_indices(op: str, idx: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """Indices read from data, ONNX style: ``[-n, n)`` is valid, negative ones count from the
+    end; anything else is an :class:`InputError` naming the op, the value and the range (the
+    compiled kernels report the same through ``KernelError``)."""
+    idx = idx.astype(np.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        v = int(idx[bad].flat[0])
+        rng = f"[{-n}, {n - 1}]" if n else "empty: the axis has size 0"
+        raise InputError(f"{op}: index {v} into axis {axis} (size {n}) is out of range {rng}")
+    return np.where(idx < 0, idx + n, idx)
+
+
 def _take_ref(xs, attrs):
     x, idx = xs
     axis = norm_axis(attrs["axis"], x.ndim)
-    n = x.shape[axis]
-    idx = idx.astype(np.int64)
-    idx = np.where(idx < 0, idx + n, idx)
-    return [np.take(x, idx, axis=axis, mode="clip")]
+    return [np.take(x, data_indices("take", idx, x.shape[axis], axis), axis=axis)]
 
 
 register_op("take", attrs={"axis": ("int", 0)}, type_rel=_take_rel, pattern=INJ, ref=_take_ref,
             num_inputs=2, inputs=("data", "indices"),
             doc="ONNX Gather: out = data indexed by indices along axis; negative indices count "
-                "from the end, out-of-range ones are clamped")
+                "from the end, an index outside [-n, n) is an error")
 
 
 def _gather_elements_rel(ts, attrs):
@@ -192,15 +202,151 @@ def _gather_elements_rel(ts, attrs):
 def _gather_elements_ref(xs, attrs):
     x, idx = xs
     axis = norm_axis(attrs["axis"], x.ndim)
-    n = x.shape[axis]
-    idx = idx.astype(np.int64)
-    idx = np.clip(np.where(idx < 0, idx + n, idx), 0, n - 1)
-    return [np.take_along_axis(x, idx, axis=axis)]
+    return [np.take_along_axis(x, data_indices("gather_elements", idx, x.shape[axis], axis), axis=axis)]
 
 
 register_op("gather_elements", attrs={"axis": ("int", 0)}, type_rel=_gather_elements_rel,
             pattern=INJ, ref=_gather_elements_ref, num_inputs=2, inputs=("data", "indices"),
-            doc="ONNX GatherElements (take_along_axis)")
+            doc="ONNX GatherElements (take_along_axis); an index outside [-n, n) is an error")
+
+
+def _gather_nd_rel(ts, attrs):
+    data, idx = ts
+    b = attrs["batch_dims"]
+    if idx.dtype not in ("int32", "int64"):
+        raise InputError(f"gather_nd: indices must be int32 or int64, got {idx.dtype}")
+    if idx.ndim < 1 or not 0 <= b < min(data.ndim, idx.ndim):
+        raise InputError(f"gather_nd: batch_dims {b} must be in [0, min(data rank {data.ndim}, "
+                         f"indices rank {idx.ndim}))")
+    k = idx.shape[-1]
+    if not 1 <= k <= data.ndim - b:
+        raise InputError(f"gather_nd: the last dim of indices ({k}) must be in [1, {data.ndim - b}] "
+                         f"(data rank {data.ndim} minus batch_dims {b})")
+    if data.shape[:b] != idx.shape[:b]:
+        raise InputError(f"gather_nd: the first {b} (batch) dims of data {data.shape} and indices "
+                         f"{idx.shape} differ")
+    return [TensorType(idx.shape[:-1] + data.shape[b + k:], data.dtype)]
+
+
+def _gather_nd_ref(xs, attrs):
+    x, idx = xs
+    b = attrs["batch_dims"]
+    k = idx.shape[-1]
+    idx = np.stack([data_indices("gather_nd", idx[..., m], x.shape[b + m], b + m) for m in range(k)], -1)
+    out = np.empty(idx.shape[:-1] + x.shape[b + k:], x.dtype)
+    for pos in np.ndindex(*idx.shape[:-1]):
+        out[pos] = x[tuple(pos[:b]) + tuple(idx[pos])]
+    return [out]
+
+
+register_op("gather_nd", attrs={"batch_dims": ("int", 0)}, type_rel=_gather_nd_rel, pattern=INJ,
+            ref=_gather_nd_ref, num_inputs=2, inputs=("data", "indices"),
+            doc="ONNX GatherND: each row of indices (last dim) addresses a slice of data after "
+                "batch_dims leading dims; an index outside [-n, n) is an error")
+
+
+def _one_hot_rel(ts, attrs):
+    idx, values = ts
+    if idx.dtype == "bool" or values.shape != (2,):
+        raise InputError(f"one_hot: expected numeric indices and values of shape (2,) = (off, on), got "
+                         f"indices {idx.dtype} and values of shape {values.shape}")
+    if attrs["depth"] < 0:
+        raise InputError(f"one_hot: depth must be non-negative, got {attrs['depth']}")
+    axis = norm_axis(attrs["axis"], idx.ndim + 1)
+    shape = idx.shape[:axis] + (attrs["depth"],) + idx.shape[axis:]
+    return [TensorType(shape, values.dtype)]
+
+
+def _one_hot_ref(xs, attrs):
+    idx, values = xs
+    depth = attrs["depth"]
+    axis = norm_axis(attrs["axis"], idx.ndim + 1)
+    idx = idx.astype(np.int64)
+    idx = np.where(idx < 0, idx + depth, idx)  # still outside [0, depth) when out of range: no match
+    hot = np.expand_dims(idx, axis) == np.arange(depth).reshape([-1 if a == axis else 1
+                                                                  for a in range(idx.ndim + 1)])
+    return [np.where(hot, values[1], values[0]).astype(values.dtype)]
+
+
+register_op("one_hot", attrs={"depth": ("int", REQUIRED), "axis": ("int", -1)}, type_rel=_one_hot_rel,
+            pattern=INJ, ref=_one_hot_ref, num_inputs=2, inputs=("indices", "values"),
+            doc="ONNX OneHot with a constant depth: values = (off, on); a negative index counts from "
+                "the end; one outside [-depth, depth) gives an all-off row (the spec), not an error")
+
+
+# ----------------------------------------------------------------------------- scatters
+def _scatter_common(op: str, data: TensorType, idx: TensorType, upd: TensorType, attrs) -> None:
+    if idx.dtype not in ("int32", "int64"):
+        raise InputError(f"{op}: indices must be int32 or int64, got {idx.dtype}")
+    if upd.dtype != data.dtype:
+        raise InputError(f"{op}: updates dtype {upd.dtype} differs from data dtype {data.dtype}")
+    if attrs["reduction"] != "none":
+        raise InputError(f"{op}: reduction {attrs['reduction']!r} is not supported (only 'none')")
+
+
+def _scatter_elements_rel(ts, attrs):
+    data, idx, upd = ts
+    _scatter_common("scatter_elements", data, idx, upd, attrs)
+    axis = norm_axis(attrs["axis"], data.ndim)
+    if idx.shape != upd.shape or idx.ndim != data.ndim or any(
+            i > d for m, (i, d) in enumerate(zip(idx.shape, data.shape)) if m != axis):
+        raise InputError(f"scatter_elements: indices {idx.shape} and updates {upd.shape} must have one shape, "
+                         f"of data's rank and not larger than data {data.shape} off axis {axis}")
+    if data.shape[axis] == 0 and idx.size:
+        raise InputError(f"scatter_elements: {idx.size} indices into axis {axis} of size 0 (none can be valid)")
+    return [TensorType(data.shape, data.dtype)]
+
+
+def _scatter_elements_ref(xs, attrs):
+    x, idx, upd = xs
+    axis = norm_axis(attrs["axis"], x.ndim)
+    idx = data_indices("scatter_elements", idx, x.shape[axis], axis)
+    out = x.copy()
+    for u in np.ndindex(*idx.shape):
+        p = list(u)
+        p[axis] = idx[u]
+        out[tuple(p)] = upd[u]
+    return [out]
+
+
+register_op("scatter_elements", attrs={"axis": ("int", 0), "reduction": ("str", "none")},
+            type_rel=_scatter_elements_rel, pattern=OpPattern.OPAQUE, ref=_scatter_elements_ref, num_inputs=3,
+            inputs=("data", "indices", "updates"),
+            doc="ONNX ScatterElements (reduction 'none'): a copy of data with updates written at indices "
+                "along axis (the last of duplicate indices wins); an index outside [-n, n) is an error")
+
+
+def _scatter_nd_rel(ts, attrs):
+    data, idx, upd = ts
+    _scatter_common("scatter_nd", data, idx, upd, attrs)
+    k = idx.shape[-1] if idx.ndim else 0
+    if idx.ndim < 1 or not 1 <= k <= data.ndim:
+        raise InputError(f"scatter_nd: the last dim of indices {idx.shape} must be in [1, {data.ndim}]")
+    want = idx.shape[:-1] + data.shape[k:]
+    if upd.shape != want:
+        raise InputError(f"scatter_nd: updates shape {upd.shape} must be {want} (indices {idx.shape}, data "
+                         f"{data.shape})")
+    if 0 in data.shape[:k] and upd.size:
+        raise InputError(f"scatter_nd: indices into data {data.shape}, whose first {k} dims are empty "
+                         "(none can be valid)")
+    return [TensorType(data.shape, data.dtype)]
+
+
+def _scatter_nd_ref(xs, attrs):
+    x, idx, upd = xs
+    k = idx.shape[-1]
+    idx = np.stack([data_indices("scatter_nd", idx[..., m], x.shape[m], m) for m in range(k)], -1)
+    out = x.copy()
+    for q in np.ndindex(*idx.shape[:-1]):
+        out[tuple(idx[q])] = upd[q]
+    return [out]
+
+
+register_op("scatter_nd", attrs={"reduction": ("str", "none")}, type_rel=_scatter_nd_rel,
+            pattern=OpPattern.OPAQUE, ref=_scatter_nd_ref, num_inputs=3, inputs=("data", "indices", "updates"),
+            doc="ONNX ScatterND (reduction 'none'): a copy of data with each row of indices (last dim) "
+                "addressing a slice replaced by updates (the last duplicate wins); an index outside "
+                "[-n, n) is an error")
 
 
 # ----------------------------------------------------------------------------- broadcast / tile

@@ -32,14 +32,15 @@ static void* kiln_default_alloc_workspace(int32_t device_type, int32_t device_id
                                           int32_t code_hint, int32_t bits_hint) {
   (void)device_id; (void)code_hint; (void)bits_hint;
   if (device_type != kDLCPU) {
-    kiln_default_set_last_error("workspace: only CPU workspace is provided by the default allocator");
+    /* Through the service pointer: a loader may route errors to another library's buffer. */
+    KilnAPISetLastError("workspace: only CPU workspace is provided by the default allocator");
     return NULL;
   }
   size_t size = (size_t)((nbytes + 63) / 64 * 64);
   if (size == 0) size = 64;
   void* p = NULL;
   if (posix_memalign(&p, 64, size) != 0) {
-    kiln_default_set_last_error("workspace: out of memory");
+    KilnAPISetLastError("workspace: out of memory");
     return NULL;
   }
   return p;
@@ -51,21 +52,60 @@ static int32_t kiln_default_free_workspace(int32_t device_type, int32_t device_i
   return 0;
 }
 
-/* ---------------- thread pool ---------------- */
+/* ---------------- thread pool ----------------
+ *
+ * One launch runs at a time (pool_launch_mu; a launch that finds the pool busy -- a nested
+ * launch from a task, or a second caller thread -- runs its tasks serially instead).
+ *
+ * Correct by construction: a task can only be claimed through pool_claim, one 64-bit word
+ * holding (epoch << 32 | tasks not yet claimed). The launcher writes the launch's
+ * description (body, cdata, num_task, pending) first and then publishes it with a single
+ * release store of a new epoch and the full task count; a claim is a compare-and-swap that
+ * takes one task from that count. So
+ *   - the unclaimed count is non-zero only while its launch is in flight: a worker that
+ *     wakes late, or is still looping after the previous launch, either claims a task of
+ *     the launch in flight or finds nothing -- it can never take a task of a launch that
+ *     is not yet published, nor decrement a counter before the launcher has set it;
+ *   - the description is read only after a successful claim (which acquires the publishing
+ *     store), and the launcher rewrites it only after every claimed task has finished
+ *     (pool_pending reaches 0), so a worker never sees half of two launches.
+ * The epoch half tells sleeping/spinning workers that a new launch exists (and makes a
+ * compare-and-swap of a stale word fail even if two launches have the same task count).
+ *
+ * When a library is loaded through kiln.runtime, the loader points its service pointers
+ * (__KilnBackendParallelLaunch, __KilnBackendGetNumThreads, __KilnBackendSetNumThreads,
+ * __KilnAPISetLastError) at those of the first library loaded, so N libraries share one
+ * pool, one set of worker threads and one error buffer (see kiln/runtime/shared_crt.py;
+ * that library is never unloaded). A library used from C on its own keeps its defaults.
+ */
 #define KILN_MAX_THREADS 256
+#define KILN_POOL_SPINS 200000 /* ~ a few ms of pause before a worker sleeps */
 
 static pthread_mutex_t pool_launch_mu = PTHREAD_MUTEX_INITIALIZER; /* one launch at a time */
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pool_cv = PTHREAD_COND_INITIALIZER;
-static int32_t pool_started = 0;     /* workers created (excluding the caller) */
-static int32_t pool_num_threads = 0; /* 0: not decided yet */
-static atomic_int pool_generation = 0;
+static pthread_mutex_t pool_sleep_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_sleep_cv = PTHREAD_COND_INITIALIZER;
+static _Atomic uint64_t pool_claim;  /* epoch << 32 | tasks of the launch not yet claimed */
+static atomic_int pool_pending;      /* tasks of the launch not yet finished */
+static atomic_int pool_error;        /* a task of the launch failed */
+static atomic_int pool_sleepers;     /* workers blocked (or about to block) on pool_sleep_cv */
+static atomic_int pool_num_threads;  /* 0: not decided yet */
+/* Written only by the launcher, holding pool_launch_mu, while no launch is in flight. */
+static uint32_t pool_epoch;
+static int32_t pool_started; /* workers created (the launcher is thread 0) */
 static KilnParallelLambda pool_body;
 static void* pool_cdata;
 static int32_t pool_num_task;
-static atomic_int pool_next_task;
-static atomic_int pool_pending;  /* tasks not finished */
-static atomic_int pool_error;
+/* The first failing task's message: it was recorded in the thread-local error of the thread that
+ * ran the task, which may be a worker; the launching thread re-records it as its own. */
+static char pool_error_msg[sizeof(kiln_last_error)];
+
+static inline void kiln_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
 
 static int32_t kiln_decide_threads(void) {
   const char* env = getenv("KILN_NUM_THREADS");
@@ -75,53 +115,79 @@ static int32_t kiln_decide_threads(void) {
   return n > KILN_MAX_THREADS ? KILN_MAX_THREADS : (int32_t)n;
 }
 
-KILN_DLL void KilnSetNumThreads(int32_t n) {
-  pthread_mutex_lock(&pool_launch_mu);
-  pool_num_threads = n > 0 ? (n > KILN_MAX_THREADS ? KILN_MAX_THREADS : n) : kiln_decide_threads();
-  pthread_mutex_unlock(&pool_launch_mu);
+static void kiln_pool_set_num_threads(int32_t n) {
+  /* No lock: a launch in flight only reads the count to decide which workers help. */
+  atomic_store(&pool_num_threads, n > 0 ? (n > KILN_MAX_THREADS ? KILN_MAX_THREADS : n) : kiln_decide_threads());
 }
 
-KILN_DLL int32_t KilnGetNumThreads(void) {
-  if (pool_num_threads == 0) pool_num_threads = kiln_decide_threads();
-  return pool_num_threads;
+static int32_t kiln_pool_get_num_threads(void) {
+  int32_t n = atomic_load_explicit(&pool_num_threads, memory_order_relaxed);
+  if (n == 0) {
+    int32_t expected = 0;
+    n = kiln_decide_threads();
+    if (!atomic_compare_exchange_strong(&pool_num_threads, &expected, n)) n = expected;
+  }
+  return n;
 }
 
-static void kiln_pool_drain(void) {
-  for (;;) {
-    int t = atomic_fetch_add(&pool_next_task, 1);
-    if (t >= pool_num_task) break;
-    if (pool_body(t, pool_num_task, pool_cdata) != 0) atomic_store(&pool_error, 1);
-    atomic_fetch_sub(&pool_pending, 1);
+/* Claims one task of the launch in flight: its id, or -1 when none is left to claim. */
+static int32_t kiln_pool_claim(void) {
+  uint64_t w = atomic_load_explicit(&pool_claim, memory_order_acquire);
+  while ((uint32_t)w != 0) {
+    if (atomic_compare_exchange_weak_explicit(&pool_claim, &w, w - 1, memory_order_acquire,
+                                              memory_order_acquire)) {
+      /* The claim acquired the launcher's publishing store: the description is current. */
+      return pool_num_task - (int32_t)(uint32_t)w;
+    }
+  }
+  return -1;
+}
+
+/* Runs tasks of the launch in flight until none is left to claim. */
+static void kiln_pool_run_tasks(void) {
+  int32_t t;
+  while ((t = kiln_pool_claim()) >= 0) {
+    if (pool_body(t, pool_num_task, pool_cdata) != 0 &&
+        atomic_exchange_explicit(&pool_error, 1, memory_order_relaxed) == 0)
+      snprintf(pool_error_msg, sizeof(pool_error_msg), "%s", kiln_last_error);
+    /* Release: the launcher rewrites the description only after it reads pending == 0. */
+    atomic_fetch_sub_explicit(&pool_pending, 1, memory_order_release);
   }
 }
 
+/* Returns once the epoch differs from `seen`: spins first, as back-to-back parallel loops
+ * are the common case in a model run, then sleeps. */
+static void kiln_pool_wait(uint32_t seen) {
+  for (int spins = 0; spins < KILN_POOL_SPINS; ++spins) {
+    if ((uint32_t)(atomic_load_explicit(&pool_claim, memory_order_relaxed) >> 32) != seen) return;
+    kiln_cpu_relax();
+  }
+  pthread_mutex_lock(&pool_sleep_mu);
+  /* Sequentially consistent increment and load, paired with the launcher's store of the
+   * claim word and load of pool_sleepers: either the launcher sees this sleeper and
+   * broadcasts, or this load sees the new epoch. */
+  atomic_fetch_add(&pool_sleepers, 1);
+  while ((uint32_t)(atomic_load(&pool_claim) >> 32) == seen) pthread_cond_wait(&pool_sleep_cv, &pool_sleep_mu);
+  atomic_fetch_sub(&pool_sleepers, 1);
+  pthread_mutex_unlock(&pool_sleep_mu);
+}
+
 static void* kiln_pool_worker(void* arg) {
-  (void)arg;
-  int seen = atomic_load(&pool_generation);
+  int32_t index = (int32_t)(intptr_t)arg;
   for (;;) {
-    /* Spin briefly: back-to-back parallel loops are the common case in a model run. */
-    int spins = 0;
-    while (atomic_load(&pool_generation) == seen && spins < 200000) {
-      ++spins;
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-    }
-    if (atomic_load(&pool_generation) == seen) {
-      pthread_mutex_lock(&pool_mu);
-      while (atomic_load(&pool_generation) == seen) pthread_cond_wait(&pool_cv, &pool_mu);
-      pthread_mutex_unlock(&pool_mu);
-    }
-    seen = atomic_load(&pool_generation);
-    kiln_pool_drain();
+    /* Read the epoch before helping: a launch published after this load ends the wait. */
+    uint32_t seen = (uint32_t)(atomic_load_explicit(&pool_claim, memory_order_relaxed) >> 32);
+    if (index < atomic_load_explicit(&pool_num_threads, memory_order_relaxed)) kiln_pool_run_tasks();
+    kiln_pool_wait(seen);
   }
   return NULL;
 }
 
 static int32_t kiln_default_parallel_launch(KilnParallelLambda body, void* cdata, int32_t num_task) {
-  int32_t nthreads = KilnGetNumThreads();
+  int32_t nthreads = kiln_pool_get_num_threads();
   if (num_task <= 1 || nthreads <= 1 || pthread_mutex_trylock(&pool_launch_mu) != 0) {
-    /* Serial fallback: one thread, one task, or a launch already running on another thread. */
+    /* Serial fallback: one thread, one task, or a launch already running (nested, or on
+     * another thread). */
     for (int32_t t = 0; t < num_task; ++t) {
       if (body(t, num_task, cdata) != 0) return -1;
     }
@@ -129,27 +195,35 @@ static int32_t kiln_default_parallel_launch(KilnParallelLambda body, void* cdata
   }
   while (pool_started < nthreads - 1) {
     pthread_t th;
-    if (pthread_create(&th, NULL, kiln_pool_worker, NULL) != 0) break;
+    if (pthread_create(&th, NULL, kiln_pool_worker, (void*)(intptr_t)(pool_started + 1)) != 0) break;
     pthread_detach(th);
     ++pool_started;
   }
   pool_body = body;
   pool_cdata = cdata;
   pool_num_task = num_task;
-  atomic_store(&pool_error, 0);
-  atomic_store(&pool_next_task, 0);
-  atomic_store(&pool_pending, num_task);
-  pthread_mutex_lock(&pool_mu);
-  atomic_fetch_add(&pool_generation, 1);
-  pthread_cond_broadcast(&pool_cv);
-  pthread_mutex_unlock(&pool_mu);
-  kiln_pool_drain();
-  while (atomic_load(&pool_pending) > 0) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+  atomic_store_explicit(&pool_error, 0, memory_order_relaxed);
+  atomic_store_explicit(&pool_pending, num_task, memory_order_relaxed);
+  ++pool_epoch;
+  /* Publish: everything above becomes visible to whoever claims a task of this launch. */
+  atomic_store(&pool_claim, ((uint64_t)pool_epoch << 32) | (uint32_t)num_task);
+  if (atomic_load(&pool_sleepers) > 0) {
+    pthread_mutex_lock(&pool_sleep_mu);
+    pthread_cond_broadcast(&pool_sleep_cv);
+    pthread_mutex_unlock(&pool_sleep_mu);
   }
-  int32_t err = atomic_load(&pool_error);
+  kiln_pool_run_tasks();
+  /* Wait for the tasks workers claimed; yield after a while in case one of them was
+   * preempted (more threads than free cores). */
+  for (int spins = 0; atomic_load_explicit(&pool_pending, memory_order_acquire) != 0; ++spins) {
+    if (spins < KILN_POOL_SPINS / 16) {
+      kiln_cpu_relax();
+    } else {
+      sched_yield();
+    }
+  }
+  int32_t err = atomic_load_explicit(&pool_error, memory_order_relaxed);
+  if (err) kiln_default_set_last_error(pool_error_msg);
   pthread_mutex_unlock(&pool_launch_mu);
   return err ? -1 : 0;
 }
@@ -160,7 +234,13 @@ KILN_DLL void* (*__KilnBackendAllocWorkspace)(int32_t, int32_t, uint64_t, int32_
 KILN_DLL int32_t (*__KilnBackendFreeWorkspace)(int32_t, int32_t, void*) = kiln_default_free_workspace;
 KILN_DLL int32_t (*__KilnBackendParallelLaunch)(KilnParallelLambda, void*, int32_t) =
     kiln_default_parallel_launch;
+KILN_DLL int32_t (*__KilnBackendGetNumThreads)(void) = kiln_pool_get_num_threads;
+KILN_DLL void (*__KilnBackendSetNumThreads)(int32_t) = kiln_pool_set_num_threads;
 KILN_DLL void (*__KilnAPISetLastError)(const char*) = kiln_default_set_last_error;
+
+/* The thread count of whichever pool __KilnBackendParallelLaunch uses. */
+KILN_DLL void KilnSetNumThreads(int32_t n) { __KilnBackendSetNumThreads(n); }
+KILN_DLL int32_t KilnGetNumThreads(void) { return __KilnBackendGetNumThreads(); }
 
 /* ---------------- executor dispatch ---------------- */
 KILN_DLL int32_t KilnRunSequence(const KilnOpCall* calls, int32_t n) {

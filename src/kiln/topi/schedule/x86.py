@@ -80,7 +80,9 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
     axes = list(out.op.axis)
     n = axes[-1]
     nn = n.dom_extent
-    nt = min(nt, nn)
+    # max(1, ...): an empty output (a zero M or N, as ONNX allows) still needs a valid split;
+    # its loops then simply run zero times.
+    nt = max(1, min(nt, nn))
     work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in anchor.op.reduce_axis))
     if len(axes) == 1:
         no, ni = out.split(n, factor=nt)
@@ -95,7 +97,7 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
     m = axes[-2]
     batch = axes[:-2]
     mm = m.dom_extent
-    mt = min(mt, mm)
+    mt = max(1, min(mt, mm))
     mo, mi = out.split(m, factor=mt)
     no, ni = out.split(n, factor=nt)
     out.reorder(*batch, no, mo, mi, ni)

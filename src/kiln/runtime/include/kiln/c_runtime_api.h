@@ -107,6 +107,11 @@ extern void* (*__KilnBackendAllocWorkspace)(int32_t device_type, int32_t device_
 extern int32_t (*__KilnBackendFreeWorkspace)(int32_t device_type, int32_t device_id, void* ptr);
 extern int32_t (*__KilnBackendParallelLaunch)(KilnParallelLambda body, void* cdata, int32_t num_task);
 extern void (*__KilnAPISetLastError)(const char* msg);
+/* The thread count of the pool __KilnBackendParallelLaunch uses (behind KilnSet/GetNumThreads).
+ * The Python loader points these three pool services and __KilnAPISetLastError of every library
+ * at those of one library, so a process has one pool (kiln/runtime/shared_crt.py). */
+extern int32_t (*__KilnBackendGetNumThreads)(void);
+extern void (*__KilnBackendSetNumThreads)(int32_t num_threads);
 
 /* Convenience wrappers used by generated code. */
 static inline void* KilnBackendAllocWorkspace(int32_t device_type, int32_t device_id, uint64_t nbytes,
