@@ -59,7 +59,10 @@ static inline double kiln_fmin(double a, double b) { return (a < b || a != a) ? 
 #define KILN_INT_HELPERS(T, S) \
   static inline T kiln_max_##S(T a, T b) { return a > b ? a : b; } \
   static inline T kiln_min_##S(T a, T b) { return a < b ? a : b; } \
-  static inline T kiln_floordiv_##S(T a, T b) { T q = a / b, r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q; } \
+  static inline T kiln_floordiv_##S(T a, T b) {                                                  \
+    T q = a / b, r = a % b;                                                                       \
+    return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;                                          \
+  }                                                                                               \
   static inline T kiln_floormod_##S(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 KILN_INT_HELPERS(int8_t, i8)
 KILN_INT_HELPERS(int16_t, i16)
@@ -135,7 +138,8 @@ static int32_t kiln_check_tensor(const char* fn, int32_t i, const char* name, in
     int64_t expect = 1;
     for (int32_t k = ndim - 1; k >= 0; --k) {
       if (shape[k] != 1 && t->strides[k] != expect)
-        return kiln_arg_error("%s: argument %d (%s) must be compact row-major (stride of dim %d is %lld, expected %lld)",
+        return kiln_arg_error("%s: argument %d (%s) must be compact row-major "
+                              "(stride of dim %d is %lld, expected %lld)",
                               fn, i, name, k, (long long)t->strides[k], (long long)expect);
       expect *= shape[k];
     }

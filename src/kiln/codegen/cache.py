@@ -179,7 +179,7 @@ def _mac_file(key: bytes, path: str) -> str:
 
 def _valid(key: bytes, path: str) -> bool:
     try:
-        with open(path + _MAC_EXT, "r", encoding="ascii") as f:
+        with open(path + _MAC_EXT, encoding="ascii") as f:
             want = f.read().strip()
         return bool(want) and hmac.compare_digest(_mac_file(key, path), want)
     except (OSError, UnicodeDecodeError):
@@ -309,7 +309,7 @@ def _uncached(ext: str, produce: Callable[[str], None]) -> str:
 
 
 def _file_text(path: str) -> str:
-    with open(path, "r", encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f:
         return f.read()
 
 

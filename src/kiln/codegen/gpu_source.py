@@ -612,7 +612,7 @@ _RESERVED = {
     "trunc", "fabs", "erf", "tanh", "sin", "cos", "tan", "abs", "min", "max", "main", "NAN", "INFINITY",
     "kernel", "global", "local", "constant", "private", "image2d_t", "sampler_t", "event_t", "vector",
     "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", "q", "r", "a", "b", "new", "delete", "this",
-    "class", "template", "namespace", "using", "true", "false", "operator", "private", "public",
+    "class", "template", "namespace", "using", "true", "false", "operator", "public",
 }
 
 

@@ -205,14 +205,15 @@ class LLVMCodeGen:
             t = b.load(b.gep(args, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), typ=PTR)
             self._check(st, b.icmp_unsigned("==", t, ir.Constant(PTR, None)), f"{pre} is a NULL DLTensor", [])
 
-            def field(k: int, ty: ir.Type, sub: int | None = None) -> ir.Value:
+            def field(k: int, ty: ir.Type, sub: int | None = None, t: ir.Value = t) -> ir.Value:
                 idx = [ir.Constant(I32, 0), ir.Constant(I32, k)]
                 if sub is not None:
                     idx.append(ir.Constant(I32, sub))
                 return b.load(b.gep(t, idx, inbounds=True, source_etype=DLTENSOR), typ=ty)
 
             dev = field(1, I32, 0)
-            bad_dev = b.and_(b.icmp_signed("!=", dev, ir.Constant(I32, 1)), b.icmp_signed("!=", dev, ir.Constant(I32, 3)))
+            bad_dev = b.and_(b.icmp_signed("!=", dev, ir.Constant(I32, 1)),
+                             b.icmp_signed("!=", dev, ir.Constant(I32, 3)))
             self._check(st, bad_dev, f"{pre} expected a CPU tensor, got device type %d", [dev])
             code, bits, lanes = field(3, I8, 0), field(3, I8, 1), field(3, I16, 2)
             bad = b.or_(b.or_(b.icmp_unsigned("!=", code, ir.Constant(I8, dl_code(buf.dtype))),

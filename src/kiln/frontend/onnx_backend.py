@@ -229,7 +229,7 @@ class KilnBackendRep(BackendRep):
             key = self._key(feeds, freeze)
             try:
                 compiled = self._build(feeds, freeze)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the first attempt's error is the one to report
                 raise first from None
         self._cache[key] = compiled
         self._cache[self._key(feeds, [n for n in self.freeze_names if n in feeds])] = compiled
@@ -336,7 +336,7 @@ class KilnBackend(Backend):
     def supports_device(cls, device: str) -> bool:
         try:
             return Device(device).type == DeviceType.CPU
-        except Exception:
+        except Exception:  # noqa: BLE001 - onnx's Device() parser raises bare exceptions; unsupported
             return False
 
 

@@ -244,7 +244,8 @@ class _Reader:
         self.where = where
 
     def fail(self, msg: str, at: int | None = None) -> FormatError:
-        return FormatError(f"{self.where}: {msg} at offset {self.pos if at is None else at} (blob is {len(self.data)} bytes)")
+        pos = self.pos if at is None else at
+        return FormatError(f"{self.where}: {msg} at offset {pos} (blob is {len(self.data)} bytes)")
 
     def u64(self, what: str) -> int:
         if self.pos + 8 > len(self.data):
@@ -294,7 +295,8 @@ def decode(data: bytes | memoryview, where: str = "module blob") -> DecodedBlob:
     # Each entry takes at least 9 bytes (8-byte key length + a 1-byte key), so this bounds
     # the loop before allocating anything for a corrupt count.
     if count < 2 or count > len(data) // 9:
-        need = "needs at least one module and the _import_tree" if count < 2 else "too many to fit: truncated or corrupt"
+        need = ("needs at least one module and the _import_tree" if count < 2
+                else "too many to fit: truncated or corrupt")
         raise r.fail(f"implausible entry count {count} ({need})", 0)
     entries: list[BlobEntry] = []
     tree: tuple[list[int], list[int]] | None = None

@@ -97,7 +97,10 @@ class ProfileReport:
         ]
         body.append(("Total", "", f"{self.total_us:.3f}", "100.00" if rows else "0", "", ""))
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-        fmt = lambda cells: "  ".join(c.ljust(w) if i in (0, 1, 4, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+        def fmt(cells: tuple[str, ...]) -> str:
+            return "  ".join(c.ljust(w) if i in (0, 1, 4, 5) else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths)))
+
         lines = [fmt(head), "  ".join("-" * w for w in widths)]
         lines += [fmt(b) for b in body[:-1]]
         lines += ["  ".join("-" * w for w in widths), fmt(body[-1])]
@@ -220,7 +223,9 @@ class GraphModuleDebug(GraphModule):
         elif isinstance(node, (int, np.integer)) and 0 <= int(node) < len(g.nodes):
             nid = int(node)
         else:
-            raise InputError(f"debug_get_output: node must be a name or an index in 0..{len(g.nodes) - 1}, got {node!r}")
+            raise InputError(
+                f"debug_get_output: node must be a name or an index in 0..{len(g.nodes) - 1}, got {node!r}"
+            )
         n_out = g.node_row_ptr[nid + 1] - g.node_row_ptr[nid]
         if not 0 <= index < n_out:
             raise InputError(f"debug_get_output: node {g.nodes[nid].name!r} has {n_out} output(s), asked for {index}")
@@ -272,7 +277,9 @@ class GraphModuleDebug(GraphModule):
         for op in ex.ops:
             ins, outs = self._shapes(op)
             m = statistics.fmean(means[op.nid])
-            rows.append(ProfileRow(op.nid, op.name, op.func_name, m, 100.0 * m / total, tuple(means[op.nid]), ins, outs))
+            rows.append(
+                ProfileRow(op.nid, op.name, op.func_name, m, 100.0 * m / total, tuple(means[op.nid]), ins, outs)
+            )
         return ProfileReport(tuple(rows), number, repeat)
 
     def profile(self, number: int = 10, repeat: int = 3, min_repeat_ms: float = 0) -> ProfileReport:
@@ -327,7 +334,9 @@ class GraphModuleDebug(GraphModule):
         return path
 
 
-def create(graph_json: str | Mapping[str, Any], lib: Any, dump_root: str | os.PathLike | None, *devices: Any) -> GraphModuleDebug:
+def create(
+    graph_json: str | Mapping[str, Any], lib: Any, dump_root: str | os.PathLike | None, *devices: Any
+) -> GraphModuleDebug:
     """Create a :class:`GraphModuleDebug` (TVM's ``debug_executor.create``).
 
     Parameters

@@ -145,7 +145,7 @@ def export_library(
 
     # A loaded library with nothing attached is exported "as is": copy the file.
     if module.type_key == "library" and not module.imported_modules and not is_tar:
-        src = getattr(module, "path")
+        src = getattr(module, "path")  # noqa: B009 - the "library" type key guarantees a LibraryModule
         if os.path.abspath(src) != path:
             shutil.copyfile(src, path)
         return path

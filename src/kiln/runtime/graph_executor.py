@@ -922,7 +922,9 @@ class GraphModule:
             self._copy_in(k, ex.arg_eid[k], v, "param")
             ex.params.add(k)
 
-    def share_params(self, other: "GraphModule | GraphExecutor", params_bytes: bytes | Mapping[str, Any] | Iterable[str]) -> None:
+    def share_params(
+        self, other: "GraphModule | GraphExecutor", params_bytes: bytes | Mapping[str, Any] | Iterable[str]
+    ) -> None:
         """Use ``other``'s parameter memory for the params named in ``params_bytes`` (no copy).
 
         Parameters
@@ -957,7 +959,9 @@ class GraphModule:
             src = donor.own[deid]
             self._check(name, eid, tuple(src.shape), src.dtype, "shared param")
             if src.device != ex.entry_device[eid]:
-                raise InputError(f"share_params: param {name!r} is on {src.device}, this executor needs it on {ex.entry_device[eid]}")
+                raise InputError(
+                    f"share_params: param {name!r} is on {src.device}, this executor needs it on {ex.entry_device[eid]}"
+                )
             plan.append((name, eid, src))
         for name, eid, src in plan:
             ex.mark_shared(eid)

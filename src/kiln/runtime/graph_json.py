@@ -231,7 +231,7 @@ def _check_dtype(name: str, eid: int) -> None:
 
     try:
         _dtype.to_dl(name)
-    except Exception as e:  # the dtype module raises its own error type; normalize it here
+    except Exception as e:  # noqa: BLE001 - the dtype module raises its own error type; normalize it here
         raise _fail(f"attrs.dltype[{eid}] = {_show(name)} is not a known data type ({e})") from None
 
 

@@ -54,7 +54,7 @@ class _Allocation:
     def __del__(self) -> None:
         try:
             self.api.free_data_space(self.device, self.ptr)
-        except Exception:  # pragma: no cover - never raise from a finalizer (e.g. at shutdown)
+        except Exception:  # noqa: BLE001 # pragma: no cover - never raise from a finalizer (e.g. at shutdown)
             pass
 
 

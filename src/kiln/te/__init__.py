@@ -42,7 +42,8 @@ def var(name: str = "v", dtype: str = "int32") -> Var:
 
 
 __all__ = [
-    "PrimExpr", "Var", "IntImm", "FloatImm", "Reduce", "Schedule", "Stage", "create_schedule", "inline_injective", "thread_axis",
+    "PrimExpr", "Var", "IntImm", "FloatImm", "Reduce", "Schedule", "Stage", "create_schedule", "inline_injective",
+    "thread_axis",
     "ComputeOp", "IterVar", "Operation", "PlaceholderOp", "Tensor", "compute", "placeholder", "reduce_axis",
     "var", *_intrin_all,
 ]

@@ -7,7 +7,7 @@ Schedule primitives only *record* loop transformations (as split / fuse relation
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from ..runtime.errors import CompileError
 from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor

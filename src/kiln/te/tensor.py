@@ -267,7 +267,9 @@ def compute(shape: Sequence[int] | int, fcompute: Callable[..., Any], name: str 
     params = [p for p in params if p.default is p.empty or p.kind == p.VAR_POSITIONAL]
     if params and all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
         if len(params) != len(shp):
-            raise CompileError(f"compute {name}: fcompute takes {len(params)} indices but the shape has {len(shp)} dims")
+            raise CompileError(
+                f"compute {name}: fcompute takes {len(params)} indices but the shape has {len(shp)} dims"
+            )
         names = [p.name for p in params]
     else:
         names = [f"i{k}" for k in range(len(shp))]

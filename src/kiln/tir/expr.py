@@ -15,7 +15,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 from ..runtime.errors import CompileError
-from .dtype import check_dtype, is_bool, is_float, is_integer, is_uint, bits_of
+from .dtype import check_dtype, is_bool, is_float, is_uint, bits_of
 
 __all__ = [
     "PrimExpr",

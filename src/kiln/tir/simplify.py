@@ -245,7 +245,8 @@ class Analyzer:
             lo, hi = self.const_int_bound(d)
             verdict = {
                 "lt": (hi < 0, lo >= 0), "le": (hi <= 0, lo > 0), "gt": (lo > 0, hi <= 0),
-                "ge": (lo >= 0, hi < 0), "eq": (lo == hi == 0, lo > 0 or hi < 0), "ne": (lo > 0 or hi < 0, lo == hi == 0),
+                "ge": (lo >= 0, hi < 0), "eq": (lo == hi == 0, lo > 0 or hi < 0),
+                "ne": (lo > 0 or hi < 0, lo == hi == 0),
             }[e.op]
             if verdict[0]:
                 return IntImm(1, "bool")

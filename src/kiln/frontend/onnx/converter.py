@@ -400,7 +400,7 @@ def _check_graph(graph: Any) -> None:
             seen.add(vi.name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema(op_type: str, opset: int) -> Any:
     """The ONNX schema of ``op_type`` in effect at ``opset``, or None if onnx has none.
 

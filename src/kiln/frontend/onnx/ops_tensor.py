@@ -54,10 +54,10 @@ def _range(ctx: Context, node, ins, attrs):
     for v, n in zip((start, limit, delta), ("start", "limit", "delta")):
         if np.asarray(v).size != 1:
             raise ctx.bad(f"input {n!r} must be a scalar, got shape {np.asarray(v).shape}")
-    s, l, d = (np.asarray(x).item() for x in (start, limit, delta))
-    if d == 0 or not all(math.isfinite(v) for v in (s, l, d)):
-        raise ctx.bad(f"start={s}, limit={l}, delta={d}: delta must be non-zero and all finite")
-    n = max(int(math.ceil((l - s) / d)), 0)
+    s, lim, d = (np.asarray(x).item() for x in (start, limit, delta))
+    if d == 0 or not all(math.isfinite(v) for v in (s, lim, d)):
+        raise ctx.bad(f"start={s}, limit={lim}, delta={d}: delta must be non-zero and all finite")
+    n = max(int(math.ceil((lim - s) / d)), 0)
     ctx.check_size((n,), "the output")
     return ctx.const((s + np.arange(n) * d).astype(dt))
 
