@@ -12,7 +12,7 @@ from typing import Any
 
 from .runtime.errors import KilnError as KilnError  # re-exported: kiln.KilnError
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__  # re-exported: kiln.__version__
 
 # name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -38,6 +38,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "driver": ("kiln.driver", None),
     "autotune": ("kiln.autotune", None),
     "contrib": ("kiln.contrib", None),
+    # tools: ``kiln.cli.main([...])`` runs the ``kiln`` command in-process
+    "cli": ("kiln.cli", None),
 }
 
 

@@ -98,7 +98,7 @@ def test_type_without_describer_shows_only_its_size(tmp_path, capsys) -> None:
 def _vexp():
     from kiln import te
     from kiln.te.schedule import thread_axis
-    from kiln.tir.lower_schedule import lower
+    from kiln.te.lower_schedule import lower
 
     A = te.placeholder((1000,), name="A")
     C = te.compute((1000,), lambda i: te.exp(A[i]), name="C")

@@ -40,18 +40,27 @@ def _write_tar(path, members: dict[str, bytes]) -> str:
     return str(path)
 
 
-def _with_graph_json(path, graph_json: bytes) -> str:
-    """The model archive with its GraphExecutorFactory graph JSON replaced by ``graph_json``."""
+def _with_factory_payload(path, edit) -> str:
+    """The model archive with its GraphExecutorFactory payload replaced by ``edit(payload)``."""
     members = _members(MODEL_TAR)
     raw = bytes(_blob.unpack(members["devc.blob"]))
     entry = next(e for e in _blob.decode(raw).entries if e.type_key == "GraphExecutorFactory")
     old = bytes(entry.payload)
     at = raw.index(struct.pack("<Q", len(old)) + old)
-    (n,) = struct.unpack_from("<Q", old, 0)
-    new = struct.pack("<Q", len(graph_json)) + graph_json + old[8 + n:]
+    new = edit(old)
     raw = raw[:at] + struct.pack("<Q", len(new)) + new + raw[at + 8 + len(old):]
     members["devc.blob"] = _blob.pack(raw)
     return _write_tar(path, members)
+
+
+def _with_graph_json(path, graph_json: bytes) -> str:
+    """The model archive with its GraphExecutorFactory graph JSON replaced by ``graph_json``."""
+
+    def edit(old: bytes) -> bytes:
+        (n,) = struct.unpack_from("<Q", old, 0)
+        return struct.pack("<Q", len(graph_json)) + graph_json + old[8 + n:]
+
+    return _with_factory_payload(path, edit)
 
 
 def _bad_files(d) -> dict[str, str]:
@@ -77,6 +86,9 @@ def _bad_files(d) -> dict[str, str]:
     files["option"] = _write_tar(d / "option.tar", members)
     files["utf8"] = _with_graph_json(d / "utf8.tar", b'{"nodes": "\xff\xfe"}')
     files["nesting"] = _with_graph_json(d / "nesting.tar", b"[" * 100_000 + b"]" * 100_000)
+    # bytes after the params: the factory's loader refuses them, so inspect (which parses the
+    # payload with that loader's parser) must too
+    files["trailing"] = _with_factory_payload(d / "trailing.tar", lambda old: old + b"junk")
     return files
 
 
@@ -85,7 +97,7 @@ def bad_files(tmp_path_factory):
     return _bad_files(tmp_path_factory.mktemp("bad"))
 
 
-CASES = ["garbage", "empty", "truncated", "flipped", "gzip", "option", "utf8", "nesting"]
+CASES = ["garbage", "empty", "truncated", "flipped", "gzip", "option", "utf8", "nesting", "trailing"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -8,7 +8,7 @@ from kiln import te
 from kiln.runtime.errors import CompileError, TargetError
 from kiln.target import Target
 from kiln.te.schedule import thread_axis
-from kiln.tir.lower_schedule import lower
+from kiln.te.lower_schedule import lower
 
 
 def _vexp(n: int = 1000, factor: int = 128, name: str = "vexp"):

@@ -49,7 +49,7 @@ def test_kernel_runs(needs_gpu, needs_nvrtc) -> None:
     from kiln import te
     from kiln.codegen.cuda import build_cuda
     from kiln.te.schedule import thread_axis
-    from kiln.tir.lower_schedule import lower
+    from kiln.te.lower_schedule import lower
 
     n = 100_003
     A = te.placeholder((n,), name="A")

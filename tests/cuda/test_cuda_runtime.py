@@ -154,7 +154,7 @@ def test_mock_runs_a_built_kernel(mock_cuda, needs_nvrtc) -> None:
     from kiln import te
     from kiln.codegen.cuda import build_cuda
     from kiln.te.schedule import thread_axis
-    from kiln.tir.lower_schedule import lower
+    from kiln.te.lower_schedule import lower
 
     A = te.placeholder((1000,), name="A")
     B = te.placeholder((1000,), name="B")
@@ -189,8 +189,9 @@ def test_import_is_lazy_and_keeps_the_runtime_isolated() -> None:
 
     code = (
         "import sys, kiln, kiln.runtime as rt\n"
-        "import kiln.runtime.cuda_driver as c\n"
-        "assert c._DRIVER is None and c._DRIVER_ERROR is None\n"
+        "import kiln.runtime.cuda_driver\n"
+        "from kiln.runtime import cuda_api as c\n"
+        "assert c.opened_driver() is None\n"
         "assert str(rt.cuda(1)) == 'cuda(1)' and str(kiln.cuda()) == 'cuda(0)'\n"
         "bad = [m for m in sys.modules if m.startswith(('kiln.codegen', 'kiln.target', 'kiln.tir', 'llvmlite', 'onnx'))]\n"
         "assert not bad, bad\n"
@@ -198,3 +199,16 @@ def test_import_is_lazy_and_keeps_the_runtime_isolated() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "LAZY OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_mock_zero_dim_tensor_argument_is_shape_checked(mock_cuda) -> None:
+    """A 0-d tensor parameter (e.g. a full reduction's output) rejects a tensor of another
+    shape instead of launching on it (the kernel would touch one element of it)."""
+    funcs = [rc.CUDAFunction("red", (rc.CUDAArg(rc.ARG_TENSOR, "float32", (8,)), rc.CUDAArg(rc.ARG_TENSOR, "float32")),
+                             (rc.CUDALaunch("red_kernel0", (1, 1, 1), (8, 1, 1), 0, (0, 1)),))]
+    ptx = ".version 8.0\n.target sm_80\n.visible .entry red_kernel0(\n)\n"
+    mod = rc.loadbinary_cuda(rc.encode_payload(rc.CUDAPayload("ptx", ptx.encode(), "", "sm_80", funcs)))
+    x = kiln.nd.empty((8,), "float32", device=kiln.cuda())
+    mod["red"](x, kiln.nd.empty((), "float32", device=kiln.cuda()))
+    with pytest.raises(InputError, match=r"argument 1 is float32\[4\], expected float32\[\]"):
+        mod["red"](x, kiln.nd.empty((4,), "float32", device=kiln.cuda()))

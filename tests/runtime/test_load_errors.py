@@ -88,7 +88,7 @@ BAD_BLOBS = [
     (u64(2) + good_blob()[8:], r"missing _import_tree entry \(entry count 2"),
     (u64(4) + good_blob()[8:], "found as entry 2, but the entry count 4 .* wrong entry count"),
     (u64(1 << 60) + good_blob()[8:], "implausible entry count"),
-    (good_blob() + b"\0", "1 trailing bytes"),
+    (good_blob() + b"\0", "1 unexpected trailing bytes"),
     (u64(2) + s("_lib") + s("test_err_payload") + s(b"x"), "missing _import_tree"),
     (u64(3) + s("_lib") + s("test_err_payload") + s(b"x") + s("_import_tree") + u64(2, 0, 1) + u64(1, 1),
      "row_ptr has 2 items, expected 3"),
@@ -99,7 +99,7 @@ BAD_BLOBS = [
     (u64(3) + s("_lib") + s("test_err_payload") + s(b"x") + s("_import_tree") + u64(3, 0, 1, 1) + u64(1, 5),
      r"child_indices\[0\] = 5 is out of range"),
     (u64(3) + u64(1 << 40) + b"_lib" + bytes(64), "implausible type key length"),
-    (u64(3) + s(b"\xff\xfe") + s(b"x") + bytes(64), "not UTF-8"),
+    (u64(3) + s(b"\xff\xfe") + s(b"x") + bytes(64), "type key is not valid UTF-8"),
     (u64(3) + s("_lib"), "implausible entry count 3 .*truncated"),
     (u64(3) + s("_lib") + s("k") + u64(1 << 62), "payload of entry 1"),
     (u64(3) + s("_import_tree") + s("_lib") + s("x"), "found as entry 0, but the entry count 3"),
@@ -163,7 +163,7 @@ def test_library_with_truncated_and_corrupt_sections(tmp_path):
     with pytest.raises(FormatError, match=r"corrupt.so.*row_ptr"):
         rt.load_module(corrupt)
     tiny = library_with_section(tmp_path, b"\x01\x02", "tiny.so")
-    with pytest.raises(FormatError, match="too short for the 8-byte length header"):
+    with pytest.raises(FormatError, match="truncated: expected 8 bytes of length header, only 2 left"):
         rt.load_module(tiny)
 
 

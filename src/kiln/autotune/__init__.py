@@ -1,13 +1,14 @@
 """Schedule knobs and measured tuning.
 
-- :mod:`kiln.autotune.space`: config spaces, workload keys, :func:`current_config` (what the
-  schedules call) and the :class:`DispatchContext`.
-- :mod:`kiln.autotune.log`: the JSON-lines tuning log (read, write, best record per workload)
-  and :func:`apply_history_best`.
+- :mod:`kiln.autotune.space` (code in :mod:`kiln.topi.knobs`): config spaces, workload keys,
+  :func:`current_config` (what the schedules call) and the :class:`DispatchContext`.
+- :mod:`kiln.autotune.log` (code in :mod:`kiln.topi.tuning_log`): the JSON-lines tuning log
+  (read, write, best record per workload) and :func:`apply_history_best`.
 - :mod:`kiln.autotune.tuner`: :func:`tune`, the measured search.
 
-Importing this package is cheap; the tuner (which needs the compiler) loads on first use.
-See ``docs/tuning.md``.
+This package sits on top of the layer table (the tuner drives :mod:`kiln.driver`); the knobs
+and the log sit in the kernel layer because the schedules, the layout pass and the driver read
+them. The tuner loads on first use. See ``docs/tuning.md``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .space import (KNOB_SPACES, TUNABLE_KINDS, ConfigSpace, DispatchContext, current_config, current_context,
-                    target_key, workload_key)
+from ..topi.knobs import (KNOB_SPACES, TUNABLE_KINDS, ConfigSpace, DispatchContext, current_config, current_context,
+                          target_key, workload_key)
 
 __all__ = ["KNOB_SPACES", "TUNABLE_KINDS", "ConfigSpace", "DispatchContext", "current_config", "current_context",
            "target_key", "workload_key", "tune", "TuneTask", "TuneResult", "extract_tasks", "apply_history_best",

@@ -1,7 +1,7 @@
 """Measured search over the schedule knobs: :func:`tune`.
 
 For a model: optimize and fuse it as :func:`kiln.build` does, lower every group once under a
-recording :class:`~kiln.autotune.space.DispatchContext` to see which workloads the schedules
+recording :class:`~kiln.topi.knobs.DispatchContext` to see which workloads the schedules
 ask knobs for (the *tasks*), then per task build the one-group kernel with the default config
 and with up to ``trials - 1`` other configs sampled from the space, time each with the
 runtime's ``time_evaluator``, check it computes what the default computes, and append one
@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..runtime.errors import InputError
-from .log import TuningRecord, append_records
-from .space import KNOB_SPACES, TUNABLE_KINDS, DispatchContext, target_key
+from ..topi.tuning_log import TuningRecord, append_records
+from ..topi.knobs import KNOB_SPACES, TUNABLE_KINDS, DispatchContext, target_key
 
 __all__ = ["TuneTask", "TuneResult", "extract_tasks", "tune", "workload_flops"]
 
@@ -144,7 +144,7 @@ def extract_tasks(mod: Any, params: Mapping[str, Any] | None = None, target: Any
     params : dict, optional
     target : str or Target
     kinds : sequence of str, optional
-        Keep only these kernel kinds (default: all of :data:`~kiln.autotune.space.TUNABLE_KINDS`).
+        Keep only these kernel kinds (default: all of :data:`~kiln.topi.knobs.TUNABLE_KINDS`).
     opt_level : int
 
     Returns
@@ -297,7 +297,7 @@ def tune(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm"
     confirm : int
         When a candidate beat the default, time the default and the best candidate again this
         many times, alternating, and log those runs too: a single timing on a shared machine
-        is noisy, and :func:`~kiln.autotune.log.best_configs` ranks configs by the median of
+        is noisy, and :func:`~kiln.topi.tuning_log.best_configs` ranks configs by the median of
         all their records.
     seed : int
         Seed of the candidate sampling and of the random inputs.
@@ -309,7 +309,8 @@ def tune(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm"
     list of TuneResult
         One per task, in graph order.
     """
-    from .. import __version__, codegen
+    from .. import codegen
+    from .._version import __version__
     from ..driver.build import _as_target
 
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:

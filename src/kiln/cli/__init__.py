@@ -3,11 +3,26 @@
 Each subcommand lives in its own module ``kiln/cli/<name>_cmd.py`` exposing
 ``register(subparsers)``, which adds an ``argparse`` sub-parser and sets its handler with
 ``parser.set_defaults(func=run)`` where ``run(args) -> int``. Adding a subcommand means
-adding its module name to :data:`SUBCOMMANDS` and nothing else. Command modules must import
-heavy dependencies (ONNX, the compiler) inside ``run``, so ``kiln --help`` and the runtime
-commands work on a deploy-only machine.
-"""
+adding its module name to :data:`SUBCOMMANDS` and nothing else.
 
+What several commands share lives in one module per concern, each importing only NumPy and
+:mod:`kiln.runtime` at import time (ONNX, onnxruntime and the compiler load inside the
+functions that need them), so ``kiln --help`` and the runtime commands work on a deploy-only
+machine:
+
+========================  ====================================================================
+``args``                  default target, shared options, ``--input-shape`` / ``--input`` parsing
+``model_io``              reading ONNX models and importing them into Kiln IR
+``build_steps``           import -> ``kiln.build`` -> export, with the build's progress stages
+``progress``              the stage-by-stage progress display on stderr
+``library``               a compiled library to a graph module: factory, devices, threads, inputs
+``latency``               latency statistics and their table
+``compare``               errors against ONNX Runtime and its session
+``graph_stats``           kernel counts and the memory plan of a graph JSON
+``graphviz``              ``inspect --graph`` drawings (DOT, SVG through graphviz ``dot``)
+``fmt``                   durations, byte counts and array summaries as text
+========================  ====================================================================
+"""
 from __future__ import annotations
 
 import argparse

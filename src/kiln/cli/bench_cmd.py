@@ -15,7 +15,13 @@ import tempfile
 from typing import Any
 
 from ..runtime.errors import InputError
-from ._common_target import DEFAULT_CLI_TARGET
+from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target, model_kind,
+                   parse_input_shapes, require_file)
+from .build_steps import build_model, build_progress
+from .compare import ort_feed, ort_session, require_onnxruntime
+from .fmt import fmt_seconds
+from .latency import format_latency_table, latency_stats
+from .library import create_graph_module, load_factory, random_inputs, set_threads
 
 __all__ = ["register", "run"]
 
@@ -46,33 +52,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "--profile: <name>.trace.json)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     build = p.add_argument_group("when given an ONNX model")
-    build.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
-                       help=f"compilation target (default '{DEFAULT_CLI_TARGET}': this machine's CPU)")
-    build.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
-                       help="fix an input's shape, e.g. data:1,3,224,224")
+    add_target_option(build, f"compilation target (default '{DEFAULT_CLI_TARGET}': this machine's CPU)")
+    add_input_shape_option(build, "fix an input's shape, e.g. data:1,3,224,224")
     build.add_argument("--opt-level", type=int, default=3, choices=range(0, 4), metavar="N")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import _common as C
-
+    """Time ``args.path`` (compiling it first if it is ONNX) and print the report; returns the exit code."""
     for flag in ("repeat", "number"):
         if getattr(args, flag) < 1:
             raise InputError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     if args.warmup < 0:
         raise InputError(f"--warmup must be >= 0, got {args.warmup}")
     if args.threads is not None:
-        C.set_threads(args.threads)  # before any library is loaded
-    is_onnx = C.model_kind(args.path) == "onnx"
-    C.require_file(args.path, "ONNX model" if is_onnx else "library")
+        set_threads(args.threads)  # before any library is loaded
+    is_onnx = model_kind(args.path) == "onnx"
+    require_file(args.path, "ONNX model" if is_onnx else "library")
     onnx_path = args.path if is_onnx else args.model
     if args.vs:
-        C.require_onnxruntime("--vs onnxruntime")
+        require_onnxruntime("--vs onnxruntime")
         if onnx_path is None:
             raise InputError("--vs onnxruntime needs the ONNX model: pass --model MODEL.onnx (or bench the .onnx)")
-        C.require_file(onnx_path, "ONNX model")
+        require_file(onnx_path, "ONNX model")
     if args.trace:
         tdir = os.path.dirname(os.path.abspath(args.trace))
         if not os.path.isdir(tdir):
@@ -81,39 +84,39 @@ def run(args: argparse.Namespace) -> int:
     tmpdir = None
     try:
         if is_onnx:
-            shapes = C.parse_input_shapes(args.input_shape)
-            C.check_target(args.target)
+            shapes = parse_input_shapes(args.input_shape)
+            check_target(args.target)
             tmpdir = tempfile.TemporaryDirectory(prefix="kiln_bench_")
             lib_path = os.path.join(tmpdir.name, "model.so")
-            prog = C.Progress(enabled=not args.json)
-            res = C.build_model(args.path, target=args.target, shapes=shapes, opt_level=args.opt_level,
-                                output=lib_path, progress=prog)
+            prog = build_progress(enabled=not args.json)
+            res = build_model(args.path, target=args.target, shapes=shapes, opt_level=args.opt_level,
+                              output=lib_path, progress=prog)
             result["build_seconds"] = res.progress.total
         else:
             lib_path = args.path
-        factory = C.load_factory(lib_path)
-        m = C.create_graph_module(factory)
-        threads = C.set_threads(args.threads, factory)
+        factory = load_factory(lib_path)
+        m = create_graph_module(factory)
+        threads = set_threads(args.threads, factory)
         shapes_in, dtypes_in = m.get_input_info()
-        inputs = C.random_inputs(shapes_in, dtypes_in, seed=args.seed)
+        inputs = random_inputs(shapes_in, dtypes_in, seed=args.seed)
         m.set_input(**inputs)
         for _ in range(args.warmup):
             m.run()
         br = m.benchmark(repeat=args.repeat, number=args.number)
-        rows = {"kiln": C.latency_stats(br.results)}
+        rows = {"kiln": latency_stats(br.results)}
         result.update(threads=threads, repeat=args.repeat, number=args.number, latency_ms=rows)
         if args.vs == "onnxruntime":
             from ..runtime.benchmark import measure
 
-            sess = C.ort_session(onnx_path, args.threads, flag="--vs onnxruntime")
-            feed = C.ort_feed(sess, inputs)
+            sess = ort_session(onnx_path, args.threads, flag="--vs onnxruntime")
+            feed = ort_feed(sess, inputs)
             ort = measure(lambda: sess.run(None, feed), number=args.number, repeat=args.repeat,
                           warmup=max(1, args.warmup))
-            rows["onnxruntime"] = C.latency_stats(ort.results)
+            rows["onnxruntime"] = latency_stats(ort.results)
             result["kiln_over_ort"] = rows["kiln"]["median"] / rows["onnxruntime"]["median"]
         profile_text = None
         if args.profile or args.trace:
-            dm = C.create_graph_module(factory, debug=True)
+            dm = create_graph_module(factory, debug=True)
             dm.set_input(**inputs)
             if args.profile:
                 report = dm.profile(number=max(args.number, 10), repeat=3)
@@ -131,12 +134,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    what = args.path + (f" (compiled in {C.fmt_seconds(result['build_seconds'])}, target {args.target})"
+    what = args.path + (f" (compiled in {fmt_seconds(result['build_seconds'])}, target {args.target})"
                         if is_onnx else "")
     print(f"benchmark: {what}")
     print(f"threads: {threads if threads is not None else 'default'}   samples: {args.repeat} x "
           f"{args.number} run{'s' if args.number > 1 else ''}   inputs: random (seed {args.seed})")
-    print(C.format_latency_table(rows))
+    print(format_latency_table(rows))
     if "kiln_over_ort" in result:
         r = result["kiln_over_ort"]
         verdict = "Kiln faster" if r < 1 else "Kiln slower" if r > 1 else "even"

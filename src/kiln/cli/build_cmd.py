@@ -12,7 +12,11 @@ import json
 from typing import Any
 
 from ..runtime.errors import InputError
-from ._common_target import DEFAULT_CLI_TARGET
+from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target,
+                   parse_input_shapes, require_file)
+from .build_steps import build_model, build_progress
+from .fmt import fmt_bytes, fmt_seconds
+from .graph_stats import graph_json_stats, memory_text
 
 __all__ = ["register", "run", "summarize"]
 
@@ -28,11 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="the ONNX model (.onnx)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="library to write: OUT.so or OUT.tar")
-    p.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
-                   help=f"compilation target (default '{DEFAULT_CLI_TARGET}': tuned for this machine's "
-                   "CPU; plain 'llvm' or 'c' for a portable x86-64 baseline, 'llvm -mcpu=skylake', ...)")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
-                   help="fix an input's shape, e.g. data:1,3,224,224 (repeatable; needed for dynamic dims)")
+    add_target_option(p, f"compilation target (default '{DEFAULT_CLI_TARGET}': tuned for this machine's CPU; "
+                      "plain 'llvm' or 'c' for a portable x86-64 baseline, 'llvm -mcpu=skylake', ...)")
+    add_input_shape_option(p, "fix an input's shape, e.g. data:1,3,224,224 (repeatable; needed for dynamic dims)")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4), metavar="N",
                    help="0 no fusion/folding, 1 fusion, 2-3 everything (default 3)")
     p.add_argument("--link-params", action="store_true",
@@ -45,19 +47,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import _common as C
-
+    """Build ``args.model`` into ``args.output`` and print the summary; returns the exit code."""
     out = args.output
     if not out.endswith((".so", ".tar")):
         raise InputError(f"-o {out}: the output must end in .so or .tar")
-    shapes = C.parse_input_shapes(args.input_shape)
-    C.require_file(args.model, "ONNX model")
-    C.check_target(args.target)
+    shapes = parse_input_shapes(args.input_shape)
+    require_file(args.model, "ONNX model")
+    check_target(args.target)
     if args.tuning_log:
-        C.require_file(args.tuning_log, "tuning log")
-    prog = C.Progress(enabled=not args.quiet)
-    res = C.build_model(args.model, target=args.target, shapes=shapes, opt_level=args.opt_level,
-                        link_params=args.link_params, output=out, progress=prog, tuning_log=args.tuning_log)
+        require_file(args.tuning_log, "tuning log")
+    prog = build_progress(enabled=not args.quiet)
+    res = build_model(args.model, target=args.target, shapes=shapes, opt_level=args.opt_level,
+                      link_params=args.link_params, output=out, progress=prog, tuning_log=args.tuning_log)
     info = summarize(res, args)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -68,17 +69,15 @@ def run(args: argparse.Namespace) -> int:
 
 def summarize(res: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Summary numbers of a finished build (JSON-able)."""
-    from . import _common as C
-
     factory = res.factory
-    gstats = C.graph_json_stats(factory.get_graph_json(), list(factory.get_graph_params()))
+    gstats = graph_json_stats(factory.get_graph_json(), list(factory.get_graph_params()))
     bstats = getattr(factory, "build_stats", None)
     params = factory.get_graph_params()
     param_bytes = sum(int(v.nbytes) for v in params.values())
     info: dict[str, Any] = {
         "model": args.model,
         "output": res.path,
-        "target": str(C.check_target(args.target)),
+        "target": str(check_target(args.target)),
         "opt_level": args.opt_level,
         "ir_ops_imported": sum(1 for n in res.graph.nodes if n.op != "constant"),
         "ir_ops_optimized": getattr(bstats, "num_ops", None),
@@ -86,12 +85,7 @@ def summarize(res: Any, args: argparse.Namespace) -> dict[str, Any]:
         "kernel_calls": gstats.kernel_calls,
         "unique_functions": getattr(bstats, "num_functions", gstats.unique_functions),
         "nop_aliases": gstats.nop_calls,
-        "memory": {
-            "planned_bytes": gstats.planned_bytes,
-            "no_reuse_bytes": gstats.no_reuse_bytes,
-            "fixed_bytes": gstats.fixed_bytes,
-            "num_storages": gstats.num_storages,
-        },
+        "memory": gstats.memory(),
         "params": {"count": len(params), "bytes": param_bytes,
                    "linked": bool(getattr(bstats, "linked_params", False))},
         "file_bytes": res.file_bytes,
@@ -108,10 +102,7 @@ def summarize(res: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_summary(info: dict[str, Any]) -> str:
-    from ._common import fmt_bytes, fmt_seconds
-
-    mem = info["memory"]
-    saved = 0.0 if not mem["no_reuse_bytes"] else 100.0 * (1 - mem["planned_bytes"] / mem["no_reuse_bytes"])
+    """The text form of :func:`summarize`'s numbers."""
     ops = f"{info['ir_ops_imported']} imported"
     if info["ir_ops_optimized"] is not None:
         ops += f", {info['ir_ops_optimized']} after optimization"
@@ -126,9 +117,7 @@ def format_summary(info: dict[str, Any]) -> str:
         f"  fused groups  {info['fused_groups']}"
         + (f" ({info['nop_aliases']} of them __nop aliases)" if info["nop_aliases"] else ""),
         f"  kernels       {info['kernel_calls']} calls, {info['unique_functions']} unique functions",
-        f"  memory        activations {fmt_bytes(mem['planned_bytes'])} planned vs "
-        f"{fmt_bytes(mem['no_reuse_bytes'])} without reuse ({saved:.0f}% saved); "
-        f"inputs+params {fmt_bytes(mem['fixed_bytes'])}",
+        f"  memory        {memory_text(info['memory'])}",
         f"  params        {prm['count']} tensors, {fmt_bytes(prm['bytes'])}, {where}",
     ]
     if info.get("tuning_log"):

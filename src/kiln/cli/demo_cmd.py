@@ -16,7 +16,12 @@ import time
 import numpy as np
 
 from ..runtime.errors import KilnError
-from ._common_target import DEFAULT_CLI_TARGET
+from .args import DEFAULT_CLI_TARGET, add_target_option, check_target, require_file
+from .build_steps import build_model, build_progress
+from .compare import compare_outputs
+from .fmt import array_summary, fmt_bytes, fmt_seconds
+from .latency import latency_stats
+from .library import create_graph_module, load_factory, random_inputs, set_threads
 
 __all__ = ["register", "run", "demo_model_path"]
 
@@ -37,21 +42,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compile the small CNN that ships with Kiln into a shared library, load it back, "
         "run it, check the result against Kiln's NumPy reference interpreter and time it.",
     )
-    p.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
-                   help=f"compilation target (default '{DEFAULT_CLI_TARGET}'; try c)")
+    add_target_option(p, f"compilation target (default '{DEFAULT_CLI_TARGET}'; try c)")
     p.add_argument("--keep", metavar="OUT.so", help="keep the compiled library at this path")
     p.add_argument("--repeat", type=int, default=50, metavar="N", help="timed runs (default 50)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import _common as C
-
+    """Compile, export, reload, run, check and time the demo model; returns the exit code."""
     if args.repeat < 1:
         raise KilnError(f"--repeat must be >= 1, got {args.repeat}")
     model_path = demo_model_path()
-    C.require_file(model_path, "demo model (package data)")
-    C.check_target(args.target)
+    require_file(model_path, "demo model (package data)")
+    check_target(args.target)
     if args.keep and not args.keep.endswith((".so", ".tar")):
         raise KilnError(f"--keep {args.keep}: must end in .so or .tar")
     t_start = time.perf_counter()
@@ -60,45 +63,45 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="kiln_demo_") as tmp:
         lib_path = args.keep or os.path.join(tmp, "demo_cnn.so")
-        prog = C.Progress()
-        res = C.build_model(model_path, target=args.target, output=lib_path, progress=prog)
+        prog = build_progress()
+        res = build_model(model_path, target=args.target, output=lib_path, progress=prog)
         graph, params = res.graph, res.params
         t_build = prog.total
         bstats = getattr(res.factory, "build_stats", None)
         n_kernels = getattr(bstats, "num_kernel_calls", None)
         print(f"1. imported    {sum(1 for n in graph.nodes if n.op != 'constant')} ops, "
-              f"{len(params)} weight tensors ({C.fmt_bytes(sum(a.nbytes for a in params.values()))})")
+              f"{len(params)} weight tensors ({fmt_bytes(sum(a.nbytes for a in params.values()))})")
         print(f"2. compiled    target {args.target}: "
               + (f"{n_kernels} fused kernels, " if n_kernels is not None else "")
-              + f"built and exported in {C.fmt_seconds(t_build)}")
+              + f"built and exported in {fmt_seconds(t_build)}")
         print(f"3. exported    {lib_path if args.keep else os.path.basename(lib_path)} "
-              f"({C.fmt_bytes(res.file_bytes or 0)}: kernels + graph + weights in one file)")
+              f"({fmt_bytes(res.file_bytes or 0)}: kernels + graph + weights in one file)")
 
         t0 = time.perf_counter()
-        factory = C.load_factory(lib_path)
-        m = C.create_graph_module(factory)
+        factory = load_factory(lib_path)
+        m = create_graph_module(factory)
         t_load = time.perf_counter() - t0
-        print(f"4. reloaded    kiln.runtime.load_module(...) in {C.fmt_seconds(t_load)}")
+        print(f"4. reloaded    kiln.runtime.load_module(...) in {fmt_seconds(t_load)}")
 
         shapes, dtypes = m.get_input_info()
-        x = C.random_inputs(shapes, dtypes, seed=0)
+        x = random_inputs(shapes, dtypes, seed=0)
         m.set_input(**x)
         m.run()
         y = [np.asarray(m.get_output(i).numpy()) for i in range(m.get_num_outputs())]
         from ..ir import evaluate
 
         ref = evaluate(graph, x, params)
-        errs = C.compare_outputs(y, ref)
+        errs = compare_outputs(y, ref)
         abs_err = max(e[0] for e in errs)
         rel_err = max(e[1] for e in errs)
         top = int(np.argmax(y[0].reshape(-1)))
-        print(f"5. ran         input {C.array_summary(next(iter(x.values())))}")
-        print(f"               output {C.array_summary(y[0])}; top class {top} "
+        print(f"5. ran         input {array_summary(next(iter(x.values())))}")
+        print(f"               output {array_summary(y[0])}; top class {top} "
               f"(p={float(y[0].reshape(-1)[top]):.3f})")
 
         br = m.benchmark(repeat=args.repeat, number=1)
-        lat = C.latency_stats(br.results)
-        threads = C.set_threads(None, factory)
+        lat = latency_stats(br.results)
+        threads = set_threads(None, factory)
         print(f"6. timed       median {lat['median']:.3f} ms, p90 {lat['p90']:.3f} ms, min {lat['min']:.3f} ms "
               f"over {args.repeat} runs" + (f" ({threads} threads)" if threads else ""))
         ok = rel_err <= TOLERANCE
@@ -107,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
         total = time.perf_counter() - t_start
         if not ok:
             raise KilnError(f"demo output does not match the reference: max rel error {rel_err:.2e} > {TOLERANCE:.0e}")
-        print(f"verified: build {C.fmt_seconds(t_build)}, latency median {lat['median']:.3f} ms, "
-              f"max error {abs_err:.1e}, total {C.fmt_seconds(total)}")
+        print(f"verified: build {fmt_seconds(t_build)}, latency median {lat['median']:.3f} ms, "
+              f"max error {abs_err:.1e}, total {fmt_seconds(total)}")
         if args.keep:
             print(f"library kept at {args.keep}; try: kiln run {args.keep} / kiln bench {args.keep} / "
                   f"kiln inspect {args.keep} --graph demo.svg")

@@ -16,11 +16,19 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import tarfile
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..runtime.errors import FormatError, KilnFileNotFoundError
-from ._common_target import DEFAULT_CLI_TARGET
+from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target,
+                   parse_input_shapes, require_file)
+from .fmt import fmt_bytes
+from .graph_stats import graph_json_stats, memory_text
+from .model_io import import_onnx, load_onnx_model
+
+if TYPE_CHECKING:
+    from ..runtime.graph_json import Graph
 
 __all__ = ["register", "run", "inspect_library", "describe_payload"]
 
@@ -46,10 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ir", action="store_true", help="(ONNX model) also print the imported Kiln IR")
     p.add_argument("--plan", action="store_true",
                    help="(ONNX model) also compile it in memory and show kernels and the memory plan")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
-                   help="(ONNX model) fix an input's shape, e.g. data:1,3,224,224")
-    p.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
-                   help=f"(ONNX model, --plan) target (default '{DEFAULT_CLI_TARGET}')")
+    add_input_shape_option(p, "(ONNX model) fix an input's shape, e.g. data:1,3,224,224")
+    add_target_option(p, f"(ONNX model, --plan) target (default '{DEFAULT_CLI_TARGET}')")
     p.set_defaults(func=run)
 
 
@@ -119,9 +125,9 @@ def _format_device_module(desc: dict[str, Any], pad: str) -> list[str]:
     if desc.get("format"):
         head.append(str(desc["format"]) + (f" for {desc['arch']}" if desc.get("arch") else ""))
     if desc.get("binary_bytes") is not None:
-        head.append(f"binary {_size(int(desc['binary_bytes']))}")
+        head.append(f"binary {fmt_bytes(int(desc['binary_bytes']))}")
     if desc.get("source_bytes"):
-        head.append(f"source {_size(int(desc['source_bytes']))}")
+        head.append(f"source {fmt_bytes(int(desc['source_bytes']))}")
     funcs, kernels = desc.get("functions") or [], desc.get("kernels") or []
     head.append(f"{len(funcs)} functions, {len(kernels)} kernels")
     lines = [f"{pad}device code: {', '.join(head)}"]
@@ -130,7 +136,7 @@ def _format_device_module(desc: dict[str, Any], pad: str) -> list[str]:
         if k.get("grid") is not None and k.get("block") is not None:
             dims = f"  grid {'x'.join(str(v) for v in k['grid'])} block {'x'.join(str(v) for v in k['block'])}"
         if k.get("shared_bytes"):
-            dims += f" shared {_size(int(k['shared_bytes']))}"
+            dims += f" shared {fmt_bytes(int(k['shared_bytes']))}"
         lines.append(f"{pad}  kernel {k.get('name', '?')}{dims}")
     return lines
 
@@ -247,23 +253,15 @@ def _format_errors(path: str, what: str) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n}"
-
-
 def _format(info: dict[str, Any]) -> str:
-    lines = [f"library: {info['path']} ({info['kind']}, {_size(info['file_bytes'])})"]
+    lines = [f"library: {info['path']} ({info['kind']}, {fmt_bytes(info['file_bytes'])})"]
     funcs = info["functions"]
     lines.append(f"functions ({len(funcs)}): {', '.join(funcs) if funcs else '-'}")
     if info["kind"] == "so":
         lines.append(f"kiln crt: {'yes' if info['has_crt'] else 'no'}")
     else:
         for f in info["files"]:
-            lines.append(f"  file {f['name']}: {_size(f['bytes'])}")
+            lines.append(f"  file {f['name']}: {fmt_bytes(f['bytes'])}")
         if info.get("options"):
             lines.append(f"compile options: {' '.join(info['options'])}")
     blob = info["blob"]
@@ -282,7 +280,7 @@ def _format(info: dict[str, Any]) -> str:
         if e["type_key"] == "_lib":
             desc = "compiled code in this library"
         else:
-            desc = f"payload {_size(e['payload_bytes'])}"
+            desc = f"payload {fmt_bytes(e['payload_bytes'])}"
         if i in seen:
             lines.append(f"{pad}[{i}] {e['type_key']}  (already shown)")
             return
@@ -298,7 +296,7 @@ def _format(info: dict[str, Any]) -> str:
         if i not in seen:
             show(i, 0)
     where = blob.get("section") or blob.get("file")
-    lines.append(f"blob: {_size(blob['blob_bytes'])} in {where}, {len(entries)} module entries + _import_tree")
+    lines.append(f"blob: {fmt_bytes(blob['blob_bytes'])} in {where}, {len(entries)} module entries + _import_tree")
     lines.append(f"import tree: row_ptr={row_ptr} child_indices={child}")
     return "\n".join(lines)
 
@@ -328,43 +326,33 @@ def _raw_blob(path: str) -> Any:
     return None if sec is None else _blob.unpack(sec, f"{path}: section {_blob.SECTION_NAME}")
 
 
-def _read_factory_payload(payload: bytes, where: str) -> tuple[str, str, bytes]:
-    """Split an executor-factory payload into (graph JSON, module name, params bytes)."""
-    import struct
-
-    parts = []
-    pos = 0
-    for what in ("graph JSON", "module name", "params"):
-        if pos + 8 > len(payload):
-            raise FormatError(f"{where}: executor factory payload truncated before its {what}")
-        (n,) = struct.unpack_from("<Q", payload, pos)
-        pos += 8
-        if pos + n > len(payload):
-            raise FormatError(f"{where}: executor factory {what} declares {n} bytes, {len(payload) - pos} left")
-        parts.append(bytes(payload[pos : pos + n]))
-        pos += n
-    return parts[0].decode("utf-8"), parts[1].decode("utf-8"), parts[2]
-
-
 def compiled_model_info(path: str) -> dict[str, Any] | None:
     """Graph, params and memory plan of the compiled model in a library, or None when the
-    library holds no executor factory. Read from the blob; nothing is loaded."""
+    library holds no executor factory. Read from the blob with the parser ``load_module`` uses
+    (:func:`kiln.runtime.executor_factory.read_factory_payload`); nothing is loaded.
+
+    Raises
+    ------
+    FormatError
+        If the blob, the factory payload or its graph JSON is malformed.
+    """
     from ..runtime import blob as _blob
-    from ..runtime.params import load_param_dict
-    from ._common import graph_json_stats
+    from ..runtime.executor_factory import TYPE_KEY, read_factory_payload
+    from ..runtime.graph_json import load_graph_json
 
     raw = _raw_blob(path)
     if raw is None:
         return None
     d = _blob.decode(raw, f"{path}: module blob")
-    entry = next((e for e in d.entries if e.type_key == "GraphExecutorFactory"), None)
+    entry = next((e for e in d.entries if e.type_key == TYPE_KEY), None)
     if entry is None or entry.payload is None:
         return None
-    with _format_errors(path, "compiled model (GraphExecutorFactory payload)"):
-        graph_json, mod_name, pbytes = _read_factory_payload(entry.payload, path)
-        params = load_param_dict(pbytes) if pbytes else {}
-        st = graph_json_stats(graph_json, list(params))
-        inputs, outputs = _graph_inputs(graph_json, set(params)), _graph_outputs(graph_json)
+    with _format_errors(path, f"compiled model ({TYPE_KEY} payload)"):
+        payload = read_factory_payload(entry.payload, f"{path}: {TYPE_KEY} payload")
+        graph_json, mod_name, params = payload.graph_json, payload.mod_name, payload.params
+        graph = load_graph_json(graph_json)
+        st = graph_json_stats(graph, list(params))
+        inputs, outputs = _graph_inputs(graph, set(params)), _graph_outputs(graph)
     return {
         "mod_name": mod_name,
         "graph_json": graph_json,
@@ -375,24 +363,17 @@ def compiled_model_info(path: str) -> dict[str, Any] | None:
         "kernel_calls": st.kernel_calls,
         "unique_functions": st.unique_functions,
         "nop_aliases": st.nop_calls,
-        "memory": {"num_storages": st.num_storages, "planned_bytes": st.planned_bytes,
-                   "no_reuse_bytes": st.no_reuse_bytes, "fixed_bytes": st.fixed_bytes},
+        "memory": st.memory(),
         "param_names": sorted(params),
     }
 
 
-def _graph_inputs(graph_json: str, params: set[str]) -> list[dict[str, Any]]:
-    from ..runtime.graph_json import load_graph_json
-
-    g = load_graph_json(graph_json)
+def _graph_inputs(g: Graph, params: set[str]) -> list[dict[str, Any]]:
     return [{"name": g.nodes[n].name, "shape": list(g.shape[g.entry_id(n)]), "dtype": g.dltype[g.entry_id(n)]}
             for n in g.arg_nodes if g.nodes[n].name not in params]
 
 
-def _graph_outputs(graph_json: str) -> list[dict[str, Any]]:
-    from ..runtime.graph_json import load_graph_json
-
-    g = load_graph_json(graph_json)
+def _graph_outputs(g: Graph) -> list[dict[str, Any]]:
     return [{"shape": list(g.shape[g.entry_id(n, i)]), "dtype": g.dltype[g.entry_id(n, i)]} for n, i, _ in g.heads]
 
 
@@ -402,8 +383,6 @@ def _tensor_line(t: dict[str, Any]) -> str:
 
 
 def _format_compiled_model(m: dict[str, Any], functions: Any = ()) -> str:
-    mem = m["memory"]
-    saved = 0.0 if not mem["no_reuse_bytes"] else 100.0 * (1 - mem["planned_bytes"] / mem["no_reuse_bytes"])
     lines = [f"compiled model '{m['mod_name']}':"]
     linked = "_lookup_linked_param" in functions
     if linked:
@@ -413,17 +392,13 @@ def _format_compiled_model(m: dict[str, Any], functions: Any = ()) -> str:
     lines += [f"  output {i}: {_tensor_line(t)}" for i, t in enumerate(m["outputs"])]
     lines.append(f"  kernels: {m['kernel_calls']} calls, {m['unique_functions']} unique functions"
                  + (f", {m['nop_aliases']} __nop aliases" if m["nop_aliases"] else ""))
-    lines.append(f"  params: {m['params']['count']} tensors, {_size(m['params']['bytes'])}")
-    lines.append(f"  memory plan: {mem['num_storages']} storages; activations {_size(mem['planned_bytes'])} "
-                 f"planned vs {_size(mem['no_reuse_bytes'])} without reuse ({saved:.0f}% saved); "
-                 f"inputs+params {_size(mem['fixed_bytes'])}")
+    lines.append(f"  params: {m['params']['count']} tensors, {fmt_bytes(m['params']['bytes'])}")
+    lines.append(f"  memory plan: {m['memory']['num_storages']} storages; {memory_text(m['memory'])}")
     return "\n".join(lines)
 
 
 def inspect_onnx(path: str) -> dict[str, Any]:
     """Inputs, outputs, op counts and Kiln support of an ONNX model (JSON-able dict)."""
-    from ._common import load_onnx_model
-
     model = load_onnx_model(path)
     g = model.graph
     import onnx
@@ -476,7 +451,7 @@ def inspect_onnx(path: str) -> dict[str, Any]:
 
 
 def _format_onnx(info: dict[str, Any]) -> str:
-    lines = [f"model: {info['path']} (ONNX, {_size(info['file_bytes'])}, ir_version {info['ir_version']}, "
+    lines = [f"model: {info['path']} (ONNX, {fmt_bytes(info['file_bytes'])}, ir_version {info['ir_version']}, "
              f"opset {info['opset']}" + (f", producer {info['producer']}" if info["producer"] else "") + ")"]
     lines.append(f"inputs ({len(info['inputs'])}):")
     lines += [f"  {_tensor_line(t)}" for t in info["inputs"]]
@@ -497,45 +472,40 @@ def _format_onnx(info: dict[str, Any]) -> str:
 
 
 def _run_extended(args: argparse.Namespace) -> int:
-    from . import _common as C
+    from .graphviz import dot_from_fused, dot_from_graph_json
 
     path = args.library
     is_onnx = path.lower().endswith(".onnx")
     if is_onnx:
-        C.require_file(path, "ONNX model")
-        shapes = C.parse_input_shapes(args.input_shape)
+        require_file(path, "ONNX model")
+        shapes = parse_input_shapes(args.input_shape)
         info: dict[str, Any] = inspect_onnx(path)
-        graph = params = None
+        graph: Any = None  # imported only when --ir, --plan or --graph needs the IR
+        params: Any = None
         if args.ir or args.plan or args.graph:
-            graph, params = C.import_onnx(path, shapes)
+            graph, params = import_onnx(path, shapes)
         text = [_format_onnx(info)]
         if args.ir:
             info["ir"] = str(graph)
             text += ["", "Kiln IR (as imported):", info["ir"]]
         if args.plan:
-            C.check_target(args.target)
+            check_target(args.target)
             from .. import build as kiln_build
 
             factory = kiln_build(graph, target=args.target, params=params)
-            st = C.graph_json_stats(factory.get_graph_json(), list(factory.get_graph_params()))
+            st = graph_json_stats(factory.get_graph_json(), list(factory.get_graph_params()))
             plan = {"kernel_calls": st.kernel_calls, "unique_functions": st.unique_functions,
-                    "fused_groups": st.kernel_calls + st.nop_calls,
-                    "memory": {"num_storages": st.num_storages, "planned_bytes": st.planned_bytes,
-                               "no_reuse_bytes": st.no_reuse_bytes, "fixed_bytes": st.fixed_bytes}}
+                    "fused_groups": st.kernel_calls + st.nop_calls, "memory": st.memory()}
             info["plan"] = plan
-            mem = plan["memory"]
-            saved = 0.0 if not mem["no_reuse_bytes"] else 100.0 * (1 - mem["planned_bytes"] / mem["no_reuse_bytes"])
             text += ["", f"when built (target {args.target}): {plan['fused_groups']} fused groups, "
                      f"{st.kernel_calls} kernel calls, {st.unique_functions} unique functions",
-                     f"memory plan: {mem['num_storages']} storages; activations {_size(mem['planned_bytes'])} "
-                     f"planned vs {_size(mem['no_reuse_bytes'])} without reuse ({saved:.0f}% saved); "
-                     f"inputs+params {_size(mem['fixed_bytes'])}"]
+                     f"memory plan: {st.num_storages} storages; {memory_text(st.memory())}"]
         if args.graph:
             from ..driver import fuse
 
             fused = fuse(graph, params)
-            dot = C.dot_from_fused(fused, title=os.path.basename(path))
-            info["graph"] = _write_drawing(C, dot, args.graph, text, len(fused.groups), "fused groups")
+            dot = dot_from_fused(fused, title=os.path.basename(path))
+            info["graph"] = _write_drawing(dot, args.graph, text, len(fused.groups), "fused groups")
     else:
         info = inspect_library(path)
         model = compiled_model_info(path)
@@ -546,8 +516,8 @@ def _run_extended(args: argparse.Namespace) -> int:
         if args.graph:
             if model is None:
                 raise FormatError(f"{path}: holds no compiled model (no GraphExecutorFactory), nothing to draw")
-            dot = C.dot_from_graph_json(model["graph_json"], model["param_names"], title=os.path.basename(path))
-            info["graph"] = _write_drawing(C, dot, args.graph, text, model["kernel_calls"], "kernels")
+            dot = dot_from_graph_json(model["graph_json"], model["param_names"], title=os.path.basename(path))
+            info["graph"] = _write_drawing(dot, args.graph, text, model["kernel_calls"], "kernels")
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -555,10 +525,12 @@ def _run_extended(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_drawing(C: Any, dot: str, out: str, text: list[str], n: int, what: str) -> dict[str, Any]:
-    import sys
+def _write_drawing(dot: str, out: str, text: list[str], n: int, what: str) -> dict[str, Any]:
+    """Write ``dot`` to ``out``, add a line saying what was written to ``text``, and return the
+    JSON record of it; a note (DOT written instead of SVG) goes to stderr."""
+    from .graphviz import write_graph
 
-    written, note = C.write_graph(dot, out)
+    written, note = write_graph(dot, out)
     if note in ("DOT", "SVG", "PNG", "PDF"):
         text.append(f"graph: wrote {written} ({note}, {n} {what} as clusters)")
         return {"path": written, "format": note.lower()}

@@ -15,6 +15,10 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import InputError, KilnError
+from .args import parse_input_files, require_file
+from .compare import compare_outputs, require_onnxruntime, run_onnxruntime
+from .fmt import array_summary, fmt_seconds
+from .library import create_graph_module, load_factory, random_inputs, set_threads
 
 __all__ = ["register", "run"]
 
@@ -43,31 +47,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import _common as C
+    """Run ``args.library`` once and print its outputs (and the comparison); returns the exit code."""
+    from ..runtime.dtype import np_dtype
 
-    C.require_file(args.library, "library")
+    require_file(args.library, "library")
     if args.compare:
-        C.require_onnxruntime("--compare")
-        C.require_file(args.compare, "ONNX model")
+        require_onnxruntime("--compare")
+        require_file(args.compare, "ONNX model")
     if args.output and not args.output.endswith(".npz"):
         raise InputError(f"--output {args.output}: must end in .npz")
-    given = C.parse_input_files(args.input)
+    given = parse_input_files(args.input)
     if args.threads is not None:
-        C.set_threads(args.threads)
+        set_threads(args.threads)
     t0 = time.perf_counter()
-    factory = C.load_factory(args.library)
-    m = C.create_graph_module(factory)
+    factory = load_factory(args.library)
+    m = create_graph_module(factory)
     t_load = time.perf_counter() - t0
-    threads = C.set_threads(args.threads, factory)
+    threads = set_threads(args.threads, factory)
     shapes, dtypes = m.get_input_info()
     unknown = sorted(set(given) - set(shapes))
     if unknown:
         raise InputError(f"--input names unknown input(s) {unknown}; the library's inputs: {list(shapes)}")
-    inputs = C.random_inputs({k: v for k, v in shapes.items() if k not in given}, dtypes, seed=args.seed)
+    inputs = random_inputs({k: v for k, v in shapes.items() if k not in given}, dtypes, seed=args.seed)
     for name, arr in given.items():
-        want = np.dtype(C.np_dtype_name(dtypes[name]))
+        want = np_dtype(dtypes[name])
         if tuple(arr.shape) != tuple(shapes[name]):
-            raise InputError(f"input {name!r}: {args_file(args, name)} has shape {tuple(arr.shape)}, "
+            raise InputError(f"input {name!r}: {_input_file(args, name)} has shape {tuple(arr.shape)}, "
                              f"the library expects {tuple(shapes[name])}")
         if arr.dtype != want:
             if not np.can_cast(arr.dtype, want, casting="same_kind"):
@@ -76,33 +81,34 @@ def run(args: argparse.Namespace) -> int:
         inputs[name] = arr
     ordered = {k: inputs[k] for k in shapes}
 
-    print(f"library: {args.library}  (loaded in {C.fmt_seconds(t_load)}"
+    print(f"library: {args.library}  (loaded in {fmt_seconds(t_load)}"
           + (f", {threads} threads" if threads else "") + ")")
     print("inputs:")
     for name, arr in ordered.items():
         src = "file" if name in given else f"random, seed {args.seed}"
-        print(f"  {name}: {C.array_summary(arr)}  ({src})")
+        print(f"  {name}: {array_summary(arr)}  ({src})")
     m.set_input(**ordered)
     t0 = time.perf_counter()
     m.run()
     t_run = time.perf_counter() - t0
     outs = [np.asarray(m.get_output(i).numpy()) for i in range(m.get_num_outputs())]
-    print(f"outputs ({len(outs)}), first run {C.fmt_seconds(t_run)}:")
+    print(f"outputs ({len(outs)}), first run {fmt_seconds(t_run)}:")
     for i, o in enumerate(outs):
-        print(f"  output {i}: {C.array_summary(o)}")
+        print(f"  output {i}: {array_summary(o)}")
     if args.output:
         out_dir = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(out_dir):
             raise InputError(f"--output: directory does not exist: {out_dir}")
-        np.savez(args.output, **{f"output_{i}": o for i, o in enumerate(outs)})
+        named: dict[str, Any] = {f"output_{i}": o for i, o in enumerate(outs)}
+        np.savez(args.output, **named)
         print(f"saved outputs to {args.output}")
     if args.compare:
-        names, ref = _run_reference(C, args.compare, ordered, args.threads)
+        names, ref = run_onnxruntime(args.compare, ordered, args.threads)
         if len(ref) != len(outs):
             raise KilnError(f"--compare: the ONNX model has {len(ref)} outputs, the library {len(outs)}")
         print(f"compare with onnxruntime ({args.compare}):")
         worst = 0.0
-        for i, ((abs_e, rel_e), name) in enumerate(zip(C.compare_outputs(outs, ref), names)):
+        for i, ((abs_e, rel_e), name) in enumerate(zip(compare_outputs(outs, ref), names)):
             shape_note = "" if outs[i].shape == ref[i].shape else \
                 f"  SHAPE MISMATCH {outs[i].shape} vs {ref[i].shape}"
             print(f"  output {i} ({name}): max abs error {abs_e:.3g}, max rel error {rel_e:.3g}{shape_note}")
@@ -113,20 +119,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_reference(C: Any, model: str, inputs: dict[str, np.ndarray], threads: int | None
-                   ) -> tuple[list[str], list[np.ndarray]]:
-    """ONNX Runtime's outputs; its own refusal of the inputs becomes one KilnError line."""
-    try:
-        return C.run_onnxruntime(model, inputs, threads)
-    except KilnError:
-        raise
-    except Exception as err:  # noqa: BLE001 - ORT raises its own (pybind) exception types
-        detail = " ".join(str(err).split())
-        raise KilnError(f"--compare: onnxruntime rejected the inputs for {model}: {type(err).__name__}: "
-                        f"{detail}") from err
-
-
-def args_file(args: argparse.Namespace, name: str) -> str:
+def _input_file(args: argparse.Namespace, name: str) -> str:
+    """The file ``--input NAME=FILE`` gave for ``name`` (for error messages)."""
     for spec in args.input:
         n, _, path = spec.partition("=")
         if n == name:

@@ -14,7 +14,9 @@ import sys
 from typing import Any
 
 from ..runtime.errors import InputError
-from ._common_target import DEFAULT_CLI_TARGET
+from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target,
+                   parse_input_shapes, require_file)
+from .model_io import import_onnx
 
 __all__ = ["register", "run"]
 
@@ -33,10 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, metavar="LOG", help="JSON-lines log to append to")
     p.add_argument("--trials", type=int, default=8, metavar="N",
                    help="candidates per task, the default config included (default 8)")
-    p.add_argument("--target", default=DEFAULT_CLI_TARGET, metavar="T",
-                   help=f"CPU target to tune for (default '{DEFAULT_CLI_TARGET}')")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS",
-                   help="fix an input's shape, e.g. data:1,3,224,224 (repeatable)")
+    add_target_option(p, f"CPU target to tune for (default '{DEFAULT_CLI_TARGET}')")
+    add_input_shape_option(p, "fix an input's shape, e.g. data:1,3,224,224 (repeatable)")
     p.add_argument("--tasks", default="", metavar="KINDS",
                    help="comma-separated task kinds to tune: conv, dense, matmul (default all)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
@@ -50,18 +50,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import _common as C
+    """Tune ``args.model``'s kernels into ``args.output`` and print the table; returns the exit code."""
     from ..autotune.tuner import tune
 
     if args.trials < 1:
         raise InputError(f"--trials {args.trials}: expected a positive integer")
     if args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout}: expected a positive number of seconds")
-    shapes = C.parse_input_shapes(args.input_shape)
-    C.require_file(args.model, "ONNX model")
-    C.check_target(args.target)
+    shapes = parse_input_shapes(args.input_shape)
+    require_file(args.model, "ONNX model")
+    check_target(args.target)
     kinds = [k.strip() for k in args.tasks.split(",") if k.strip()] or None
-    graph, params = C.import_onnx(args.model, shapes)
+    graph, params = import_onnx(args.model, shapes)
 
     def say(line: str) -> None:
         if not args.quiet:

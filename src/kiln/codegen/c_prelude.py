@@ -1,7 +1,13 @@
-"""Fixed C text every generated translation unit starts with (helpers are ``static``)."""
+"""Fixed C text every generated translation unit starts with (helpers are ``static``).
+
+:data:`C_PRELUDE` opens an include guard that :data:`C_PRELUDE_END` closes; between the two
+:class:`~kiln.codegen.c.CCodeGen` puts the min / max / floor-division helpers, which every
+C-style language defines alike (:meth:`kiln.codegen.cstyle.CStylePrinter.helper_source`).
+"""
 
 from __future__ import annotations
 
+#: Includes, half-float conversions (up to the shared helpers).
 C_PRELUDE = r"""
 #include <kiln/c_runtime_api.h>
 #include <math.h>
@@ -51,27 +57,10 @@ static inline uint16_t kiln_f2bf(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
-/* NaN-propagating min/max (numpy.maximum semantics), written so compilers vectorize them. */
-static inline float kiln_fmaxf(float a, float b) { return (a > b || a != a) ? a : b; }
-static inline float kiln_fminf(float a, float b) { return (a < b || a != a) ? a : b; }
-static inline double kiln_fmax(double a, double b) { return (a > b || a != a) ? a : b; }
-static inline double kiln_fmin(double a, double b) { return (a < b || a != a) ? a : b; }
-#define KILN_INT_HELPERS(T, S) \
-  static inline T kiln_max_##S(T a, T b) { return a > b ? a : b; } \
-  static inline T kiln_min_##S(T a, T b) { return a < b ? a : b; } \
-  static inline T kiln_floordiv_##S(T a, T b) {                                                  \
-    T q = a / b, r = a % b;                                                                       \
-    return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;                                          \
-  }                                                                                               \
-  static inline T kiln_floormod_##S(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-KILN_INT_HELPERS(int8_t, i8)
-KILN_INT_HELPERS(int16_t, i16)
-KILN_INT_HELPERS(int32_t, i32)
-KILN_INT_HELPERS(int64_t, i64)
-KILN_INT_HELPERS(uint8_t, u8)
-KILN_INT_HELPERS(uint16_t, u16)
-KILN_INT_HELPERS(uint32_t, u32)
-KILN_INT_HELPERS(uint64_t, u64)
+"""
+
+#: Argument checking and error reporting of the packed functions; closes the include guard.
+C_PRELUDE_END = r"""
 static const char* kiln_dtype_str(DLDataType t, char* buf, size_t n) {
   const char* base = t.code == 0 ? "int" : t.code == 1 ? "uint" : t.code == 2 ? "float" : t.code == 4 ? "bfloat"
                    : t.code == 6 ? "bool" : "code";

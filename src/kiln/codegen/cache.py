@@ -41,6 +41,10 @@ import tempfile
 import threading
 from typing import Callable, Iterable, Sequence
 
+from .._version import __version__
+from ..runtime import cc as _cc
+from ..runtime import crt_source_path, include_path
+
 __all__ = ["cache_dir", "cache_enabled", "make_key", "cached_file", "build_shared", "stats", "reset_stats",
            "max_bytes", "DEFAULT_MAX_BYTES", "KEY_FILE"]
 
@@ -76,16 +80,10 @@ def cache_dir() -> str:
     return os.path.abspath(d)
 
 
-def _kiln_version() -> str:
-    from .. import __version__
-
-    return __version__
-
-
 def make_key(*parts: str | bytes) -> str:
     """SHA-256 hex digest of ``parts`` plus the Kiln version (parts are length-prefixed)."""
     h = hashlib.sha256()
-    for p in (_kiln_version(), *parts):
+    for p in (__version__, *parts):
         b = p.encode("utf-8") if isinstance(p, str) else bytes(p)
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
@@ -315,8 +313,6 @@ def _file_text(path: str) -> str:
 
 def _runtime_fingerprint() -> str:
     """The crt and header go into every library; a change to either must miss."""
-    from ..runtime import crt_source_path, include_path
-
     return _file_text(crt_source_path()) + _file_text(os.path.join(include_path(), "kiln", "c_runtime_api.h"))
 
 
@@ -328,11 +324,11 @@ def build_shared(sources: Sequence[tuple[str, str | bytes]], options: Iterable[s
     ----------
     sources : list of (file name, content)
         E.g. ``[("lib.c", code)]`` or ``[("lib.o", object_bytes)]``; written to a scratch
-        directory and passed to :func:`kiln.contrib.cc.create_shared`.
+        directory and passed to :func:`kiln.runtime.cc.create_shared`.
     options : list of str
         Compiler flags.
     cc : str, optional
-        Compiler command (default :func:`kiln.contrib.cc.get_cc`).
+        Compiler command (default :func:`kiln.runtime.cc.get_cc`).
     target : str
         The target string (part of the key).
 
@@ -341,8 +337,6 @@ def build_shared(sources: Sequence[tuple[str, str | bytes]], options: Iterable[s
     str
         Path of the ``.so`` (do not modify or delete it: it is shared by later builds).
     """
-    from ..contrib import cc as _cc
-    from ..runtime import crt_source_path
 
     opts = list(options)
     compiler = cc or _cc.get_cc()

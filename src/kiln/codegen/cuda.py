@@ -1,8 +1,9 @@
 """The ``cuda`` target: CUDA C kernels compiled to PTX by NVRTC, packaged as a ``cuda`` module.
 
-A plug-in in the sense of ``docs/architecture.md``: importing this module registers the
-target kind ``cuda`` (:func:`kiln.target.register_target_kind`) and its code generator
-``target.build.cuda`` (:func:`kiln.codegen.register_codegen`); no core file knows about CUDA.
+Importing this module registers the code generator ``target.build.cuda``
+(:func:`kiln.codegen.register_codegen`); :mod:`kiln.codegen.registry` imports it the first time a
+build asks for ``cuda``. The target kind itself (its options) is declared in
+:mod:`kiln.target.target`, so that naming a target never imports a code generator.
 
 * :class:`CUDADialect` — what CUDA C needs on top of the shared GPU source generator
   (:mod:`kiln.codegen.gpu_source`): ``extern "C" __global__`` kernels, ``__shared__``,
@@ -26,28 +27,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
-from ..target import Target, register_target_kind
+from ..target import Target
 from ..tir.stmt import PrimFunc
 from .gpu_source import Dialect, GPUFunctionInfo, generate_gpu_source
 from .registry import register_codegen
 
-__all__ = ["CUDADialect", "build_cuda", "generate_cuda", "function_table", "TARGET_OPTIONS"]
-
-#: Options of the ``cuda`` target kind: name -> (type, default).
-TARGET_OPTIONS: dict[str, tuple[type, Any]] = {
-    "arch": (str, "sm_80"),
-    "max_num_threads": (int, 1024),
-    "thread_warp_size": (int, 32),
-    "max_shared_memory_per_block": (int, 48 * 1024),
-    "fast_math": (bool, False),
-    "options": (list, []),
-    "binary": (str, "ptx"),
-}
-
-# Single-precision names: in CUDA C++ ``exp(float)`` would resolve to the float overload too,
-# but the f-suffixed C names make the precision explicit in the generated source.
-_F32_MATH = {"round": "rintf"}
-
+__all__ = ["CUDADialect", "build_cuda", "generate_cuda", "function_table"]
 
 class CUDADialect(Dialect):
     """CUDA C++ as compiled by NVRTC (see the module docstring)."""
@@ -74,9 +59,10 @@ class CUDADialect(Dialect):
         return "__syncthreads();"
 
     def math_function(self, op: str, dtype: str) -> str:
-        if dtype == "float32":
-            return _F32_MATH.get(op, f"{op}f")
-        return {"round": "rint"}.get(op, op)
+        # in CUDA C++ ``exp(float)`` would resolve to the float overload too, but the
+        # f-suffixed C names make the precision explicit in the generated source
+        fn = super().math_function(op, dtype)
+        return fn + "f" if dtype == "float32" else fn
 
     def vector_type(self, dtype: str, lanes: int) -> str:
         base = {"float32": "float", "float64": "double", "int32": "int", "uint32": "uint"}.get(dtype)
@@ -221,7 +207,6 @@ def build_cuda(funcs: Sequence[PrimFunc], target: Any) -> Any:
 
 
 def _register() -> None:
-    register_target_kind("cuda", dict(TARGET_OPTIONS), default_keys=("cuda", "gpu"), device_type=2, override=True)
     register_codegen("cuda", build_cuda, override=True)
 
 

@@ -2,7 +2,9 @@
 
 :class:`GPUSourceGenerator` turns :class:`~kiln.tir.PrimFunc` s into the source text of a
 C-like kernel language plus *launch metadata*. Everything language-specific lives in a
-:class:`Dialect`; a new GPU language is a ``Dialect`` subclass, nothing more.
+:class:`Dialect`; a new GPU language is a ``Dialect`` subclass, nothing more. Expressions
+and statements are printed by :class:`kiln.codegen.cstyle.CStylePrinter`, the printer of
+host C too: this module owns only the kernel structure.
 
 How a PrimFunc becomes kernels
 ------------------------------
@@ -41,27 +43,26 @@ Kernel parameters are, per buffer argument in ``args`` order, a pointer
 
 Writing a dialect
 -----------------
-Override the class attributes and the few methods of :class:`Dialect`: ``kernel_prefix``
-(text before the kernel name, e.g. ``"__kernel void"``), ``global_qualifier``,
-``shared_qualifier``, ``func_qualifier`` (helper functions), ``restrict``, ``preamble``,
-``type_names``, :meth:`Dialect.thread_index`, :meth:`Dialect.barrier`,
-:meth:`Dialect.math_function`, :meth:`Dialect.vector_type`, :meth:`Dialect.inf_literal`,
-:meth:`Dialect.nan_literal`, :meth:`Dialect.is_special_float`, :meth:`Dialect.dtype_guard`.
+Set ``name`` and ``type_names`` and override the kernel words of :class:`Dialect`:
+``kernel_prefix`` (text before the kernel name, e.g. ``"__kernel void"``),
+``global_qualifier``, ``shared_qualifier``, ``func_qualifier`` (helper functions),
+``restrict``, ``preamble``, :meth:`Dialect.thread_index`, :meth:`Dialect.barrier`,
+:meth:`Dialect.vector_type`; and, where the language spells them differently from the
+:class:`~kiln.codegen.cstyle.CDialect` defaults (``<math.h>`` names, overloaded math
+functions), ``math_function``, ``inf_literal``, ``nan_literal``, ``is_special_float``,
+``dtype_guard``.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
-from ..tir.dtype import is_bool, is_float, is_integer, is_uint
-from ..tir.expr import (
-    CHECKED_INDEX, BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
-)
+from ..tir.expr import Call, FloatImm, IntImm, Load, PrimExpr, Var
 from ..tir.functor import post_order_visit
-from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
+from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, SeqStmt, Stmt
+from .cstyle import C_KEYWORDS, CDialect, CStylePrinter, Scope
 
 __all__ = [
     "Dialect", "GPUSourceGenerator", "GPUFunctionInfo", "GPUKernelInfo", "generate_gpu_source",
@@ -73,24 +74,14 @@ THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadI
 #: Name of the intrinsic call that becomes a work-group barrier.
 BARRIER_INTRINSIC = "kiln.barrier"
 
-_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
-        "eq": "==", "ne": "!=", "and": "&&", "or": "||", "bitand": "&", "bitor": "|", "bitxor": "^",
-        "shl": "<<", "shr": ">>", "truncdiv": "/", "truncmod": "%"}
-_CMP = ("lt", "le", "gt", "ge", "eq", "ne", "and", "or")
-_INT_SUFFIX = {"int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "uint16": "u16",
-               "uint32": "u32", "uint64": "u64", "bool": "i32"}
-_MATH_OPS = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "tanh", "erf", "sin", "cos", "tan",
-             "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "floor", "ceil", "trunc",
-             "round", "fabs", "pow", "atan2", "fmod")
-
-
-class Dialect:
+class Dialect(CDialect):
     """What differs between GPU kernel languages. Subclass and override.
+
+    Extends :class:`~kiln.codegen.cstyle.CDialect` (type names, literals, math names) with
+    the kernel structure.
 
     Attributes
     ----------
-    name : str
-        Language name used in error messages ("opencl", "cuda").
     kernel_prefix : str
         Text before a kernel's name (``"__kernel void"``, ``'extern "C" __global__ void'``).
     global_qualifier : str
@@ -98,7 +89,7 @@ class Dialect:
     shared_qualifier : str
         Qualifier of work-group memory (``"__local"``, ``"__shared__"``).
     func_qualifier : str
-        Qualifier of helper functions (``"inline"``, ``"__device__ __forceinline__"``).
+        As in ``CDialect`` (``"inline"``, ``"static __device__ __forceinline__"``).
     restrict : str
         The restrict keyword (``"restrict"``, ``"__restrict__"``).
     buffer_offset_args : bool
@@ -108,24 +99,18 @@ class Dialect:
     preamble : str
         Text put at the top of every source (pragmas, includes).
     type_names : dict
-        dtype name -> scalar type name in the language (storage type; bools are stored as
-        ``type_names["bool"]`` and computed as ``type_names["int32"]``).
+        As in ``CDialect`` (a dialect must set it); bools are stored as ``type_names["bool"]``
+        and computed as ``type_names["int32"]``.
     """
 
     name = "gpu"
     kernel_prefix = "void"
     global_qualifier = ""
     shared_qualifier = ""
-    func_qualifier = "static inline"
     restrict = "restrict"
     buffer_offset_args = False
     offset_type = "long"
     preamble = ""
-    type_names: dict[str, str] = {
-        "bool": "unsigned char", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
-        "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
-        "uint64": "unsigned long long", "float32": "float", "float64": "double",
-    }
 
     def thread_index(self, tag: str) -> str:
         """Expression (an ``int``) for a thread tag such as ``"blockIdx.x"``."""
@@ -135,41 +120,9 @@ class Dialect:
         """Statement synchronizing the work-items of a work-group (work-group memory fence)."""
         raise NotImplementedError
 
-    def math_function(self, op: str, dtype: str) -> str:
-        """Function name of math intrinsic ``op`` (see ``_MATH_OPS``) on ``dtype`` arguments."""
-        return {"round": "rint"}.get(op, op)
-
     def vector_type(self, dtype: str, lanes: int) -> str:
         """Name of the ``lanes``-wide vector type of ``dtype`` (e.g. ``float4``)."""
         return f"{self.type_name(dtype)}{lanes}"
-
-    def inf_literal(self, dtype: str) -> str:
-        """Positive infinity of ``dtype``."""
-        return "INFINITY" if dtype != "float64" else "((double)INFINITY)"
-
-    def nan_literal(self, dtype: str) -> str:
-        """A quiet NaN of ``dtype``."""
-        return "NAN" if dtype != "float64" else "((double)NAN)"
-
-    def is_special_float(self, op: str, arg: str, dtype: str) -> str:
-        """``isnan`` / ``isinf`` / ``isfinite`` of ``arg`` as an int 0/1 expression."""
-        return f"({op}({arg}) != 0)"
-
-    def dtype_guard(self, dtype: str) -> tuple[str, str] | None:
-        """Preprocessor lines around helpers of ``dtype`` (e.g. only if fp64 exists), or None."""
-        return None
-
-    def type_name(self, dtype: str) -> str:
-        """Storage type name of ``dtype``; raises for dtypes the dialect cannot hold."""
-        t = self.type_names.get(dtype)
-        if t is None:
-            raise CompileError(f"{self.name} codegen: dtype {dtype} is not supported "
-                               f"(supported: {', '.join(sorted(self.type_names))})")
-        return t
-
-    def value_type(self, dtype: str) -> str:
-        """Type an expression of ``dtype`` is computed in (bools compute as int)."""
-        return self.type_name("int32" if dtype == "bool" else dtype)
 
 
 @dataclass
@@ -207,18 +160,20 @@ class GPUFunctionInfo:
                 "kernels": [k.to_dict() for k in self.kernels]}
 
 
-class _KState:
+class _KState(Scope):
     def __init__(self) -> None:
-        self.names: dict[int, str] = {}
-        self.used: set[str] = set()
-        self.nonneg: set[Var] = set()
+        super().__init__()
         self.launch: dict[str, int] = {}
         self.shared: list[Buffer] = []
         self.thread_vars: set[Var] = set()  # loop variables bound to threadIdx.*
 
 
-class GPUSourceGenerator:
+class GPUSourceGenerator(CStylePrinter):
     """Accumulates PrimFuncs; :meth:`finish` gives the source, :attr:`functions` the metadata.
+
+    The GPU code generator of :class:`~kiln.codegen.cstyle.CStylePrinter`, which prints
+    expressions and statements; this class adds the kernel structure (splitting, launch
+    sizes, work-group memory, barriers, clamped data-dependent indices).
 
     Parameters
     ----------
@@ -226,8 +181,19 @@ class GPUSourceGenerator:
         The kernel language.
     """
 
+    # OpenCL C / CUDA C words, and the parameter names of the helpers (kiln_floordiv_* …)
+    reserved = C_KEYWORDS | {
+        "uint", "uchar", "ushort", "ulong", "half", "bool", "min", "max", "kernel", "global", "local", "constant",
+        "private", "image2d_t", "sampler_t", "event_t", "vector", "threadIdx", "blockIdx", "blockDim", "gridDim",
+        "warpSize", "q", "r", "a", "b", "new", "delete", "this", "class", "template", "namespace", "using", "true",
+        "false", "operator", "public",
+    }
+    _st: _KState
+
+    d: Dialect
+
     def __init__(self, dialect: Dialect) -> None:
-        self.d = dialect
+        super().__init__(dialect)
         self.functions: list[GPUFunctionInfo] = []
         self._chunks: list[str] = []
         self._kernel_names: set[str] = set()
@@ -236,10 +202,7 @@ class GPUSourceGenerator:
     def add_function(self, f: PrimFunc) -> GPUFunctionInfo:
         """Generate the kernels of ``f`` and return its launch metadata."""
         name = f.attrs.get("global_symbol", f.name)
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise CompileError(f"{self.d.name} codegen: {name!r} is not a valid function name")
-        if any(fi.name == name for fi in self.functions):
-            raise CompileError(f"{self.d.name} codegen: two functions named {name}")
+        self._check_symbol(name, [fi.name for fi in self.functions])
         for b in f.params:
             self.d.type_name(b.dtype)
         info = GPUFunctionInfo(name, [{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in f.params])
@@ -259,7 +222,7 @@ class GPUSourceGenerator:
     def finish(self) -> str:
         """The complete source text."""
         hdr = f"/* Generated by kiln.codegen ({self.d.name}) -- do not edit. */"
-        return "\n".join([hdr, self.d.preamble.strip(), self._helpers(), *self._chunks]) + "\n"
+        return "\n".join([hdr, self.d.preamble.strip(), self.helper_source(), *self._chunks]) + "\n"
 
     # ------------------------------------------------------------------ structure
     def _split(self, s: Stmt, info: GPUFunctionInfo, slots: dict[int, tuple[str, int]], bufs: dict[int, Buffer],
@@ -335,256 +298,78 @@ class GPUSourceGenerator:
         return GPUKernelInfo(kname, [slots[k] for k in args], grid, block,  # type: ignore[arg-type]
                              int(shared_bytes))
 
-    # ------------------------------------------------------------------ naming
-    def _name(self, v: Var) -> str:
-        st = self._st
-        nm = st.names.get(id(v))
-        if nm is None:
-            base = re.sub(r"[^A-Za-z0-9_]", "_", v.name) or "v"
-            if base[0].isdigit():
-                base = "v" + base
-            nm, k = base, 1
-            while nm in st.used or nm in _RESERVED:
-                nm, k = f"{base}_{k}", k + 1
-            st.used.add(nm)
-            st.names[id(v)] = nm
-        return nm
-
-    def _buf_name(self, b: Buffer) -> str:
-        return self._name(b.data)
-
-    # ------------------------------------------------------------------ helpers text
-    def _helpers(self) -> str:
-        d = self.d
-        q = d.func_qualifier
-        out = []
-        for dt in ("float32", "float64"):
-            if dt not in d.type_names:
-                continue
-            t = d.type_name(dt)
-            sfx = "f" if dt == "float32" else ""
-            guard = d.dtype_guard(dt)
-            if guard:
-                out.append(guard[0])
-            # NaN-propagating min/max, like NumPy's (fmin/fmax would drop the NaN)
-            out.append(f"{q} {t} kiln_fmax{sfx}({t} a, {t} b) {{ return (a > b || a != a) ? a : b; }}")
-            out.append(f"{q} {t} kiln_fmin{sfx}({t} a, {t} b) {{ return (a < b || a != a) ? a : b; }}")
-            if guard:
-                out.append(guard[1])
-        for dt, sfx in _INT_SUFFIX.items():
-            if dt == "bool" or dt not in d.type_names:
-                continue
-            t = d.type_name(dt)
-            out.append(f"{q} {t} kiln_max_{sfx}({t} a, {t} b) {{ return a > b ? a : b; }}")
-            out.append(f"{q} {t} kiln_min_{sfx}({t} a, {t} b) {{ return a < b ? a : b; }}")
-            if not is_uint(dt):
-                out.append(f"{q} {t} kiln_floordiv_{sfx}({t} a, {t} b) {{ {t} q = a / b; "
-                           f"return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }}")
-                out.append(f"{q} {t} kiln_floormod_{sfx}({t} a, {t} b) {{ {t} r = a % b; "
-                           f"return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}")
-        return "\n".join(out)
-
     # ------------------------------------------------------------------ expressions
-    def _nonneg(self, e: PrimExpr) -> bool:
-        if isinstance(e, IntImm):
-            return e.value >= 0
-        if isinstance(e, Var):
-            return e in self._st.nonneg
-        if is_uint(e.dtype):
-            return True
-        if isinstance(e, BinaryOp) and e.op in ("add", "mul", "floordiv", "floormod", "truncdiv", "truncmod",
-                                                 "min", "max"):
-            return self._nonneg(e.a) and self._nonneg(e.b)
-        if isinstance(e, Cast) and is_integer(e.value.dtype):
-            return self._nonneg(e.value)
-        return False
-
-    def _float_lit(self, v: float, dtype: str) -> str:
-        d = self.d
-        if v != v:
-            return d.nan_literal(dtype)
-        if v in (float("inf"), float("-inf")):
-            s = d.inf_literal(dtype)
-            return s if v > 0 else f"(-{s})"
-        return float(v).hex() + ("f" if dtype != "float64" else "")
-
-    def _int_lit(self, v: int, dtype: str) -> str:
-        t = self.d.value_type(dtype)
-        if dtype == "int64" or dtype == "uint64":
-            if v == -(2**63):
-                return f"(({t})(-9223372036854775807) - 1)"
-            return f"(({t}){v}{'u' if dtype == 'uint64' else ''}L)" if v >= 0 else f"(({t})({v}L))"
-        if dtype == "uint32":
-            return f"{v}u"
-        if v == -(2**31):
-            return "(-2147483647 - 1)"
-        return str(v) if v >= 0 else f"({v})"
-
-    def expr(self, e: PrimExpr) -> str:
-        """Source text of an expression, computed in :meth:`Dialect.value_type` of its dtype."""
-        d = self.d
-        if isinstance(e, Var):
-            return self._name(e)
-        if isinstance(e, IntImm):
-            if is_bool(e.dtype):
-                return "1" if e.value else "0"
-            return self._int_lit(e.value, e.dtype)
-        if isinstance(e, FloatImm):
-            return self._float_lit(e.value, e.dtype)
-        if isinstance(e, BinaryOp):
-            return self._binary(e)
-        if isinstance(e, Not):
-            return f"(!{self.expr(e.a)})"
-        if isinstance(e, Cast):
-            v = self.expr(e.value)
-            if e.dtype == "bool":
-                return f"({v} != 0)"
-            return f"(({d.value_type(e.dtype)}){v})"
-        if isinstance(e, Call):
-            return self._call(e)
-        if isinstance(e, Select):
-            return f"({self.expr(e.cond)} ? {self.expr(e.true_value)} : {self.expr(e.false_value)})"
-        if isinstance(e, Load):
-            ref = f"{self._buf_name(e.buffer)}[{self._offset(e.buffer, e.indices)}]"
-            if is_bool(e.dtype):
-                return f"(({d.value_type('bool')}){ref})"
-            return ref
-        if isinstance(e, (ProducerLoad, Reduce)):
-            raise CompileError(f"{d.name} codegen: tensor-expression node left in the loop IR; lower first")
-        raise CompileError(f"{d.name} codegen: unsupported expression {type(e).__name__}")
-
-    def _binary(self, e: BinaryOp) -> str:
-        a, b = self.expr(e.a), self.expr(e.b)
-        dt, op = e.a.dtype, e.op
-        if op in ("min", "max"):
-            if is_float(dt):
-                return f"kiln_f{op}{'' if dt == 'float64' else 'f'}({a}, {b})"
-            return f"kiln_{op}_{_INT_SUFFIX[dt]}({a}, {b})"
-        if op in ("floordiv", "floormod"):
-            if (self._nonneg(e.a) and self._nonneg(e.b)) or is_uint(dt):
-                return f"({a} {'/' if op == 'floordiv' else '%'} {b})"
-            return f"kiln_{op}_{_INT_SUFFIX[dt]}({a}, {b})"
-        s = f"({a} {_BIN[op]} {b})"
-        if e.dtype in ("int8", "int16", "uint8", "uint16") and op not in _CMP:
-            s = f"(({self.d.type_name(e.dtype)}){s})"  # wrap like NumPy instead of integer promotion
-        return s
-
-    def _call(self, e: Call) -> str:
-        if e.op == CHECKED_INDEX:
-            return self._clamped_index(e)
-        args = [self.expr(a) for a in e.args]
-        if e.op in ("isnan", "isinf", "isfinite"):
-            return self.d.is_special_float(e.op, args[0], e.args[0].dtype)
-        if e.op not in _MATH_OPS:
-            raise CompileError(f"{self.d.name} codegen: unknown intrinsic {e.op!r}")
-        return f"{self.d.math_function(e.op, e.args[0].dtype)}({', '.join(args)})"
-
-    def _clamped_index(self, e: Call) -> str:
+    def _checked_index(self, e: Call) -> str:
         """:data:`~kiln.tir.expr.CHECKED_INDEX` on a device: a kernel has no error path, so a
         negative index wraps and an out-of-range one is clamped into ``[0, n)`` (memory stays
         safe; the value is not an error as on the CPU targets)."""
         n = e.args[1].value
         if n == 0:
-            raise CompileError(f"{self.d.name} codegen: {e.text}: an index into a zero-size axis is never valid, "
+            raise CompileError(f"{self.lang} codegen: {e.text}: an index into a zero-size axis is never valid, "
                                "and device kernels cannot report the error; run this op on the CPU")
         t = self.d.type_name("int64")
         v = self.expr(e.args[0])
         wrapped = f"({v} < 0 ? {v} + ({t}){n} : {v})"
         return f"kiln_min_i64(kiln_max_i64({wrapped}, ({t})0), ({t}){n - 1})"
 
-    def _offset(self, b: Buffer, indices: Sequence[PrimExpr]) -> str:
-        if b.ndim == 0 and not indices:
-            return "0"
-        return self.expr(b.flat_offset(indices, self._st.nonneg, f"{self.d.name} codegen"))
-
     # ------------------------------------------------------------------ statements
-    def _stmt(self, s: Stmt, out: list[str], ind: int) -> None:
-        d = self.d
-        pad = "  " * ind
-        if isinstance(s, SeqStmt):
-            for x in s.seq:
-                self._stmt(x, out, ind)
-        elif isinstance(s, For):
-            self._for(s, out, ind)
-        elif isinstance(s, BufferStore):
-            b = s.buffer
-            v = self.expr(s.value)
-            if is_bool(b.dtype):
-                v = f"({d.type_name('bool')})({v} != 0)"
-            out.append(f"{pad}{self._buf_name(b)}[{self._offset(b, s.indices)}] = {v};")
-        elif isinstance(s, Allocate):
-            b = s.buffer
-            if b.scope == "shared":
-                self._st.shared.append(b)
-                self._stmt(s.body, out, ind)
-                return
-            out.append(f"{pad}{{")
-            out.append(f"{pad}  {d.type_name(b.dtype)} {self._buf_name(b)}[{max(b.size, 1)}];")
-            self._stmt(s.body, out, ind + 1)
-            out.append(f"{pad}}}")
-        elif isinstance(s, IfThenElse):
-            if (self._st.thread_vars & _vars_of(s.cond)) and (
-                    _has_barrier(s.then_case) or (s.else_case is not None and _has_barrier(s.else_case))):
-                raise CompileError(
-                    f"{d.name} codegen: a work-group barrier under a condition on the work-item index "
-                    f"({self.expr(s.cond)}): work-items that skip it would deadlock the group; the schedule must "
-                    "split thread-bound loops exactly (no tail guards) where a barrier is reached")
-            out.append(f"{pad}if ({self.expr(s.cond)}) {{")
-            self._stmt(s.then_case, out, ind + 1)
-            if s.else_case is not None:
-                out.append(f"{pad}}} else {{")
-                self._stmt(s.else_case, out, ind + 1)
-            out.append(f"{pad}}}")
-        elif isinstance(s, LetStmt):
-            out.append(f"{pad}{{")
-            out.append(f"{pad}  const {d.value_type(s.var.dtype)} {self._name(s.var)} = {self.expr(s.value)};")
-            if is_integer(s.var.dtype) and self._nonneg(s.value):
-                self._st.nonneg.add(s.var)
-            self._stmt(s.body, out, ind + 1)
-            out.append(f"{pad}}}")
-        elif isinstance(s, Evaluate):
-            if isinstance(s.value, Call) and s.value.op == BARRIER_INTRINSIC:
-                out.append(f"{pad}{d.barrier()}")
-            elif not isinstance(s.value, (IntImm, FloatImm)):
-                out.append(f"{pad}(void)({self.expr(s.value)});")
-        else:
-            raise CompileError(f"{d.name} codegen: unsupported statement {type(s).__name__}")
-
-    def _for(self, s: For, out: list[str], ind: int) -> None:
-        d = self.d
-        pad = "  " * ind
-        v = self._name(s.loop_var)
-        ct = d.value_type(s.loop_var.dtype)
-        if self._nonneg(s.min):
-            self._st.nonneg.add(s.loop_var)
-        mn, ext = self.expr(s.min), self.expr(s.extent)
-        zero_min = isinstance(s.min, IntImm) and s.min.value == 0
-        if s.kind == "thread_binding":
-            tag = s.annotations["thread_tag"]
-            idx = f"(({ct}){d.thread_index(tag)})"
-            if tag.startswith("threadIdx."):
-                self._st.thread_vars.add(s.loop_var)
-            out.append(f"{pad}{{")
-            out.append(f"{pad}  const {ct} {v} = {idx if zero_min else f'{mn} + {idx}'};")
-            if int(s.extent.value) < self._st.launch[tag]:
-                if _has_barrier(s.body):
-                    raise CompileError(
-                        f"{d.name} codegen: loop {s.loop_var.name} bound to {tag} has extent {s.extent.value} < the "
-                        f"launch size {self._st.launch[tag]} and contains a work-group barrier: the idle work-items "
-                        "would skip it (deadlock); bind the same extent everywhere a barrier is reached")
-                out.append(f"{pad}  if ({idx} < {ext}) {{")
-                self._stmt(s.body, out, ind + 2)
-                out.append(f"{pad}  }}")
-            else:
-                self._stmt(s.body, out, ind + 1)
-            out.append(f"{pad}}}")
+    def _allocate(self, s: Allocate, out: list[str], ind: int) -> None:
+        b = s.buffer
+        if b.scope == "shared":  # declared once at kernel scope (see _kernel)
+            self._st.shared.append(b)
+            self._stmt(s.body, out, ind)
             return
-        end = ext if zero_min else f"{mn} + {ext}"
-        if s.kind == "unrolled" and isinstance(s.extent, IntImm):
-            out.append(f"{pad}#pragma unroll")
-        out.append(f"{pad}for ({ct} {v} = {mn}; {v} < {end}; ++{v}) {{")
+        pad = "  " * ind
+        out.append(f"{pad}{{")
+        out.append(f"{pad}  {self.d.type_name(b.dtype)} {self._buf_name(b)}[{max(b.size, 1)}];")
         self._stmt(s.body, out, ind + 1)
         out.append(f"{pad}}}")
+
+    def _if(self, s: IfThenElse, out: list[str], ind: int) -> None:
+        if (self._st.thread_vars & _vars_of(s.cond)) and (
+                _has_barrier(s.then_case) or (s.else_case is not None and _has_barrier(s.else_case))):
+            raise CompileError(
+                f"{self.lang} codegen: a work-group barrier under a condition on the work-item index "
+                f"({self.expr(s.cond)}): work-items that skip it would deadlock the group; the schedule must "
+                "split thread-bound loops exactly (no tail guards) where a barrier is reached")
+        super()._if(s, out, ind)
+
+    def _evaluate(self, s: Evaluate, out: list[str], ind: int) -> None:
+        if isinstance(s.value, Call) and s.value.op == BARRIER_INTRINSIC:
+            out.append(f"{'  ' * ind}{self.d.barrier()}")
+        else:
+            super()._evaluate(s, out, ind)
+
+    def _special_loop(self, s: For, out: list[str], ind: int) -> bool:
+        """A ``thread_binding`` loop is no loop: its variable is the work-group / work-item index."""
+        if s.kind != "thread_binding":
+            return False
+        pad = "  " * ind
+        v = self._name(s.loop_var)
+        ct = self.d.value_type(s.loop_var.dtype)
+        tag = s.annotations["thread_tag"]
+        idx = f"(({ct}){self.d.thread_index(tag)})"
+        if tag.startswith("threadIdx."):
+            self._st.thread_vars.add(s.loop_var)
+        zero_min = isinstance(s.min, IntImm) and s.min.value == 0
+        out.append(f"{pad}{{")
+        out.append(f"{pad}  const {ct} {v} = {idx if zero_min else f'{self.expr(s.min)} + {idx}'};")
+        if int(s.extent.value) < self._st.launch[tag]:
+            if _has_barrier(s.body):
+                raise CompileError(
+                    f"{self.lang} codegen: loop {s.loop_var.name} bound to {tag} has extent {s.extent.value} < "
+                    f"the launch size {self._st.launch[tag]} and contains a work-group barrier: the idle "
+                    "work-items would skip it (deadlock); bind the same extent everywhere a barrier is reached")
+            out.append(f"{pad}  if ({idx} < {self.expr(s.extent)}) {{")
+            self._stmt(s.body, out, ind + 2)
+            out.append(f"{pad}  }}")
+        else:
+            self._stmt(s.body, out, ind + 1)
+        out.append(f"{pad}}}")
+        return True
+
+    def _loop_pragma(self, s: For) -> str | None:
+        return "#pragma unroll" if s.kind == "unrolled" and isinstance(s.extent, IntImm) else None
 
 
 def _vars_of(e: PrimExpr) -> set[Var]:
@@ -602,18 +387,6 @@ def _has_barrier(s: Stmt) -> bool:
 
     post_order_visit(s, f)
     return bool(found)
-
-
-_RESERVED = {
-    "int", "float", "double", "char", "short", "long", "uint", "uchar", "ushort", "ulong", "half", "bool",
-    "if", "else", "for", "while", "do", "return", "const", "static", "void", "struct", "union", "switch", "case",
-    "default", "break", "continue", "goto", "sizeof", "typedef", "auto", "register", "signed", "unsigned",
-    "volatile", "extern", "restrict", "inline", "enum", "exp", "log", "sqrt", "pow", "floor", "ceil", "round",
-    "trunc", "fabs", "erf", "tanh", "sin", "cos", "tan", "abs", "min", "max", "main", "NAN", "INFINITY",
-    "kernel", "global", "local", "constant", "private", "image2d_t", "sampler_t", "event_t", "vector",
-    "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", "q", "r", "a", "b", "new", "delete", "this",
-    "class", "template", "namespace", "using", "true", "false", "operator", "public",
-}
 
 
 def generate_gpu_source(funcs: Sequence[PrimFunc], dialect: Dialect) -> tuple[str, list[GPUFunctionInfo]]:

@@ -3,7 +3,7 @@
 IR is optimised at ``-O<opt_level>`` (default 3) for ``-mcpu`` / ``-mattr`` with llvmlite's
 new pass manager and emitted as a PIC object file.  The object is cached on disk (key: IR
 text, target string, LLVM version, Kiln version); running in-process links it with the Kiln
-crt into a (cached) private shared library through :func:`kiln.contrib.cc.create_shared`.
+crt into a (cached) private shared library through :func:`kiln.runtime.cc.create_shared`.
 ``export_library`` saves the object (``m.save("libN.o")``) and links it with everything else.
 """
 

@@ -14,22 +14,17 @@ from typing import Any, Sequence
 
 from ..runtime.opencl_driver import OpenCLModule
 from ..tir.stmt import PrimFunc
-from ..target.kind import register_target_kind
 from .gpu_source import Dialect, generate_gpu_source
 from .registry import register_codegen
 
-__all__ = ["OpenCLDialect", "build_opencl", "generate_opencl", "default_host_target", "TARGET_OPTIONS"]
-
-#: Options of the ``opencl`` target kind.
-TARGET_OPTIONS: dict[str, tuple[type, Any]] = {
-    "max_num_threads": (int, 256),  # work-items per work-group the GPU schedules aim for
-}
+__all__ = ["OpenCLDialect", "build_opencl", "generate_opencl", "default_host_target"]
 
 _AXIS = {"x": 0, "y": 1, "z": 2}
 
 
 class OpenCLDialect(Dialect):
-    """OpenCL C 1.2."""
+    """OpenCL C 1.2 (math builtins, ``isnan`` & co. and ``INFINITY`` / ``NAN`` as in the
+    :class:`~kiln.codegen.cstyle.CDialect` defaults)."""
 
     name = "opencl"
     kernel_prefix = "__kernel void"
@@ -53,13 +48,6 @@ class OpenCLDialect(Dialect):
 
     def barrier(self) -> str:
         return "barrier(CLK_LOCAL_MEM_FENCE);"
-
-    def math_function(self, op: str, dtype: str) -> str:
-        # OpenCL builtins are overloaded on float/double; round-half-even is rint
-        return {"round": "rint"}.get(op, op)
-
-    def is_special_float(self, op: str, arg: str, dtype: str) -> str:
-        return f"({op}({arg}) != 0)"
 
     def dtype_guard(self, dtype: str) -> tuple[str, str] | None:
         return ("#ifdef cl_khr_fp64", "#endif") if dtype == "float64" else None
@@ -99,5 +87,4 @@ def default_host_target() -> Any:
     return Target("llvm -mcpu=native")
 
 
-register_target_kind("opencl", dict(TARGET_OPTIONS), default_keys=("opencl", "gpu"), device_type=4, override=True)
 register_codegen("opencl", build_opencl, override=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Sequence
 
 from ..runtime.errors import CompileError
@@ -14,6 +15,10 @@ PREFIX = "target.build."
 
 Codegen = Callable[[list[PrimFunc], Any], Any]
 
+#: Built-in codegens that register themselves when their module is first imported (they pull in
+#: their dialect, and CUDA its NVRTC binding); the target kinds are declared in kiln.target.
+PLUGIN_CODEGEN_MODULES: dict[str, str] = {"cuda": "kiln.codegen.cuda", "opencl": "kiln.codegen.opencl"}
+
 
 def register_codegen(kind: str, fn: Codegen | None = None, override: bool = False) -> Any:
     """Register ``fn(funcs, target) -> kiln.runtime.Module`` as the codegen of ``kind``.
@@ -24,8 +29,9 @@ def register_codegen(kind: str, fn: Codegen | None = None, override: bool = Fals
 
 
 def list_codegens() -> list[str]:
-    """Kinds with a registered codegen."""
-    return sorted(n[len(PREFIX):] for n in list_global_func_names() if n.startswith(PREFIX))
+    """Kinds with a registered codegen (built-in plug-ins included, imported or not)."""
+    registered = {n[len(PREFIX):] for n in list_global_func_names() if n.startswith(PREFIX)}
+    return sorted(registered | set(PLUGIN_CODEGEN_MODULES))
 
 
 def get_codegen(kind: str) -> Codegen:
@@ -37,6 +43,9 @@ def get_codegen(kind: str) -> Codegen:
         Naming the kind and the kinds that have a codegen.
     """
     fn = get_global_func(PREFIX + kind, allow_missing=True)
+    if fn is None and kind in PLUGIN_CODEGEN_MODULES:
+        importlib.import_module(PLUGIN_CODEGEN_MODULES[kind])
+        fn = get_global_func(PREFIX + kind, allow_missing=True)
     if fn is None:
         raise CompileError(f"no code generator for target kind {kind!r} (global function "
                            f"'{PREFIX}{kind}'); available: {', '.join(list_codegens())}")

@@ -302,7 +302,7 @@ def _tuning_context(tuning_log: Any, target: Any) -> Any:
     """The :class:`~kiln.autotune.space.DispatchContext` of a tuning log, or None."""
     if tuning_log is None:
         return None
-    from ..autotune.log import apply_history_best
+    from ..topi.tuning_log import apply_history_best
 
     return apply_history_best(tuning_log, target)
 

@@ -4,7 +4,8 @@ Public API
 ----------
 - Types: :class:`TensorType`, :func:`normalize_dtype`, :func:`np_dtype`.
 - Graph: :class:`Graph` (alias :class:`IRModule`), :class:`Node`, :class:`Value`,
-  :func:`structural_equal`, :func:`rewrite` (node-by-node rebuild used by passes).
+  :func:`structural_equal`, :func:`rewrite` (node-by-node rebuild used by passes),
+  :func:`dead_code_elimination`.
 - Operators: :func:`register_op`, :func:`get_op`, :func:`list_ops`, :class:`OpPattern`,
   :data:`REQUIRED`; the built-in ops live in :mod:`kiln.ir.ops` (table in docs/ir.md).
 - Text: :func:`astext` (``str(graph)``), :func:`parse`.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from .types import DTYPES, TensorType, normalize_dtype, np_dtype
 from .op import REQUIRED, OpDef, OpPattern, get_op, has_op, list_ops, register_op
-from .graph import Graph, IRModule, Node, Value, rewrite, structural_equal
+from .graph import Graph, IRModule, Node, Value, dead_code_elimination, rewrite, structural_equal
 from . import ops  # noqa: F401  (registers the built-in ops)
 from .printer import astext
 from .parser import parse
@@ -33,6 +34,6 @@ from .interpreter import evaluate
 __all__ = [
     "DTYPES", "TensorType", "normalize_dtype", "np_dtype",
     "REQUIRED", "OpDef", "OpPattern", "get_op", "has_op", "list_ops", "register_op",
-    "Graph", "IRModule", "Node", "Value", "rewrite", "structural_equal",
+    "Graph", "IRModule", "Node", "Value", "rewrite", "structural_equal", "dead_code_elimination",
     "astext", "parse", "evaluate",
 ]

@@ -15,7 +15,7 @@ from ..runtime.errors import InputError, KilnError
 from .op import get_op
 from .types import TensorType, normalize_dtype
 
-__all__ = ["Value", "Node", "Graph", "IRModule", "structural_equal", "rewrite"]
+__all__ = ["Value", "Node", "Graph", "IRModule", "structural_equal", "rewrite", "dead_code_elimination"]
 
 
 class Value:
@@ -304,12 +304,7 @@ def rewrite(graph: Graph,
     -------
     Graph
     """
-    new = Graph(name or graph.name)
-    vmap: dict[Value, Value] = {}
-    for v in graph.inputs:
-        nv = Value(v.type, None, 0, v.name)
-        new.inputs.append(nv)
-        vmap[v] = nv
+    new, vmap = _with_inputs_of(graph, name or graph.name)
     for node in graph.nodes:
         ins = [vmap[v] for v in node.inputs]
         res = visit(new, node, ins)
@@ -328,6 +323,17 @@ def rewrite(graph: Graph,
     return new
 
 
+def _with_inputs_of(graph: Graph, name: str) -> tuple[Graph, dict[Value, Value]]:
+    """An empty graph with fresh copies of ``graph``'s inputs, and the old -> new value map."""
+    new = Graph(name)
+    vmap: dict[Value, Value] = {}
+    for v in graph.inputs:
+        nv = Value(v.type, None, 0, v.name)
+        new.inputs.append(nv)
+        vmap[v] = nv
+    return new, vmap
+
+
 def _copy_node(g: Graph, node: Node, ins: list[Value]) -> list[Value]:
     # Attributes are already canonical and types are unchanged when the inputs keep their
     # types, so skip re-validation for speed.
@@ -339,6 +345,27 @@ def _copy_node(g: Graph, node: Node, ins: list[Value]) -> list[Value]:
     n.outputs = [Value(v.type, n, v.index, v.name) for v in node.outputs]
     g.nodes.append(n)
     return n.outputs
+
+
+def dead_code_elimination(graph: Graph) -> Graph:
+    """Drop nodes none of whose outputs reach a graph output. Graph inputs are kept.
+
+    A graph utility rather than a pass: the frontend prunes what it built with it, and the
+    passes (:mod:`kiln.transform`) run it after every rewrite.
+    """
+    live: set[int] = set()
+    needed: set[Value] = set(graph.outputs)
+    for node in reversed(graph.nodes):
+        if any(v in needed for v in node.outputs):
+            live.add(id(node))
+            needed.update(node.inputs)
+    new, vmap = _with_inputs_of(graph, graph.name)
+    for node in graph.nodes:
+        if id(node) in live:
+            for a, b in zip(node.outputs, _copy_node(new, node, [vmap[x] for x in node.inputs])):
+                vmap[a] = b
+    new.outputs = [vmap[v] for v in graph.outputs]
+    return new
 
 
 # ---------------------------------------------------------------------- equality

@@ -9,62 +9,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from ..runtime import dtype as _rt
+from ..runtime.dtype import np_dtype
 from ..runtime.errors import InputError
 
 __all__ = ["TensorType", "normalize_dtype", "np_dtype", "DTYPES", "FLOAT_DTYPES", "INT_DTYPES"]
 
-#: Every dtype the IR accepts.
-DTYPES: tuple[str, ...] = (
-    "float16", "bfloat16", "float32", "float64",
-    "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64",
-    "bool",
-)
-FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
-
-_NP_CACHE: dict[str, np.dtype] = {}
-
-
-def np_dtype(name: str) -> np.dtype:
-    """Return the NumPy dtype for an IR dtype name (``bfloat16`` comes from ml_dtypes)."""
-    dt = _NP_CACHE.get(name)
-    if dt is None:
-        if name == "bfloat16":
-            import ml_dtypes
-
-            dt = np.dtype(ml_dtypes.bfloat16)
-        else:
-            dt = np.dtype(name)
-        _NP_CACHE[name] = dt
-    return dt
+#: Every dtype the IR accepts: exactly those the runtime can store (its table is the only one).
+DTYPES: tuple[str, ...] = _rt.SUPPORTED
+#: Floating-point dtypes, bfloat16 included.
+FLOAT_DTYPES: frozenset[str] = _rt.FLOAT_DTYPES
+#: Signed and unsigned integer dtypes (not bool).
+INT_DTYPES: frozenset[str] = _rt.SIGNED_DTYPES | _rt.UNSIGNED_DTYPES
 
 
 def normalize_dtype(dtype: Any) -> str:
-    """Return the canonical IR name of ``dtype`` (a string, NumPy dtype or scalar type).
+    """Return the canonical IR name of ``dtype`` (a name, an alias such as ``"f4"``, a NumPy
+    dtype or scalar type); the same rules as :func:`kiln.runtime.dtype.canonical`.
 
     Raises
     ------
     InputError
-        If the dtype is not one the IR supports.
+        If the dtype is not one the IR supports (``None`` included: NumPy would read it as
+        float64).
     """
-    if isinstance(dtype, str):
-        name = dtype
-        if name not in DTYPES:
-            try:
-                name = np.dtype(name).name
-            except TypeError:
-                pass
-    else:
-        try:
-            name = np.dtype(dtype).name
-        except TypeError as exc:
-            raise InputError(f"not a dtype: {dtype!r}") from exc
-    if name not in DTYPES:
-        raise InputError(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
-    return name
+    return _rt.canonical(dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,10 @@ through DSO-only imports joins that module's group, because they all end up in t
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
+from .binary import Reader, Writer
 from .errors import FormatError, KilnError, LoaderNotFoundError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,7 +52,6 @@ SECTION_NAME = ".kiln_mblob"
 SYMBOL_NAME = "__kiln_dev_mblob"
 LIB_KEY = "_lib"
 IMPORT_TREE_KEY = "_import_tree"
-_U64 = struct.Struct("<Q")
 _MAX_KEY_LEN = 4096
 
 
@@ -95,15 +94,11 @@ def group_modules(root: "Module") -> ModuleGroups:
     index: dict[int, int] = {}  # id(module) -> entry index
 
     def dso_group(start: "Module") -> list["Module"]:
+        # Everything reachable from ``start`` through DSO-only imports not yet in a group.
         group: list[Module] = []
-        stack = [start]
-        while stack:
-            m = stack.pop()
-            if id(m) in index:
-                continue
+        for m in start.walk(follow=lambda c: c.is_dso_exportable and id(c) not in index):
             index[id(m)] = len(out.groups)
             group.append(m)
-            stack.extend(c for c in reversed(m.imported_modules) if c.is_dso_exportable)
         return group
 
     def visit(m: "Module") -> None:
@@ -141,16 +136,6 @@ def collect_dso_modules(root: "Module") -> list["Module"]:
     return group_modules(root).dso_modules
 
 
-def _w_bytes(parts: list[bytes], b: bytes) -> None:
-    parts.append(_U64.pack(len(b)))
-    parts.append(b)
-
-
-def _w_vec(parts: list[bytes], v: Sequence[int]) -> None:
-    parts.append(_U64.pack(len(v)))
-    parts.append(struct.pack(f"<{len(v)}Q", *v))
-
-
 def serialize(root: "Module", groups: ModuleGroups | None = None) -> bytes | None:
     """Serialize the tree under ``root`` to blob bytes (without the 8-byte header).
 
@@ -167,10 +152,11 @@ def serialize(root: "Module", groups: ModuleGroups | None = None) -> bytes | Non
     g = groups or group_modules(root)
     if not g.needs_blob:
         return None
-    parts: list[bytes] = [_U64.pack(len(g.groups) + 1)]
+    w = Writer()
+    w.u64(len(g.groups) + 1)
     for group, dso in zip(g.groups, g.is_dso):
         if dso:
-            _w_bytes(parts, LIB_KEY.encode())
+            w.string(LIB_KEY)
             continue
         m = group[0]
         if not m.is_binary_serializable:
@@ -184,17 +170,19 @@ def serialize(root: "Module", groups: ModuleGroups | None = None) -> bytes | Non
         payload = m.save_to_binary()
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise KilnError(f"{type(m).__name__}.save_to_binary() returned {type(payload).__name__}, expected bytes")
-        _w_bytes(parts, m.type_key.encode("utf-8"))
-        _w_bytes(parts, bytes(payload))
-    _w_bytes(parts, IMPORT_TREE_KEY.encode())
-    _w_vec(parts, g.row_ptr)
-    _w_vec(parts, g.child_indices)
-    return b"".join(parts)
+        w.string(m.type_key)
+        w.sized_bytes(payload)
+    w.string(IMPORT_TREE_KEY)
+    w.u64_vector(g.row_ptr)
+    w.u64_vector(g.child_indices)
+    return w.getvalue()
 
 
 def pack(blob: bytes) -> bytes:
     """Prefix the blob with its 8-byte little-endian length (the section/symbol content)."""
-    return _U64.pack(len(blob)) + blob
+    w = Writer()
+    w.sized_bytes(blob)
+    return w.getvalue()
 
 
 def unpack(section: bytes | memoryview, where: str = "blob section") -> memoryview:
@@ -205,12 +193,11 @@ def unpack(section: bytes | memoryview, where: str = "blob section") -> memoryvi
     FormatError
         If the header is missing or claims more bytes than present.
     """
-    if len(section) < 8:
-        raise FormatError(f"{where}: {len(section)} bytes, too short for the 8-byte length header")
-    (n,) = _U64.unpack_from(section, 0)
-    if n > len(section) - 8:
-        raise FormatError(f"{where}: header declares {n} payload bytes but only {len(section) - 8} follow (truncated)")
-    return memoryview(section)[8 : 8 + n]  # no copy: blobs can hold hundreds of MB of weights
+    r = Reader(section, where)
+    n = r.u64("length header")
+    if n > r.remaining:
+        raise r.error(f"header declares {n} payload bytes but only {r.remaining} follow (truncated)", 0)
+    return r.view(n, "blob")  # no copy: blobs can hold hundreds of MB of weights
 
 
 # ------------------------------------------------------------------------------------
@@ -237,49 +224,13 @@ class DecodedBlob:
         return self.child_indices[self.row_ptr[i] : self.row_ptr[i + 1]]
 
 
-class _Reader:
-    def __init__(self, data: bytes | memoryview, where: str) -> None:
-        self.data = memoryview(data)
-        self.pos = 0
-        self.where = where
-
-    def fail(self, msg: str, at: int | None = None) -> FormatError:
-        pos = self.pos if at is None else at
-        return FormatError(f"{self.where}: {msg} at offset {pos} (blob is {len(self.data)} bytes)")
-
-    def u64(self, what: str) -> int:
-        if self.pos + 8 > len(self.data):
-            raise self.fail(f"truncated: need 8 bytes for {what}, {len(self.data) - self.pos} left")
-        (v,) = _U64.unpack_from(self.data, self.pos)
-        self.pos += 8
-        return v
-
-    def raw(self, n: int, what: str) -> bytes:
-        if n > len(self.data) - self.pos:
-            raise self.fail(f"truncated: {what} declares {n} bytes, {len(self.data) - self.pos} left")
-        b = bytes(self.data[self.pos : self.pos + n])
-        self.pos += n
-        return b
-
-    def key(self) -> str:
-        start = self.pos
-        n = self.u64("type key length")
-        if n == 0 or n > _MAX_KEY_LEN:
-            raise self.fail(f"implausible type key length {n}", start)
-        b = self.raw(n, "type key")
-        try:
-            return b.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.fail(f"type key is not UTF-8: {b[:32]!r}", start) from None
-
-    def vec(self, what: str) -> list[int]:
-        start = self.pos
-        n = self.u64(f"{what} length")
-        if n > (len(self.data) - self.pos) // 8:
-            raise self.fail(f"truncated: {what} declares {n} items, {len(self.data) - self.pos} bytes left", start)
-        v = list(struct.unpack_from(f"<{n}Q", self.data, self.pos))
-        self.pos += 8 * n
-        return v
+def _read_key(r: Reader) -> str:
+    start = r.pos
+    n = r.u64("type key length")
+    if n == 0 or n > _MAX_KEY_LEN:
+        raise r.error(f"implausible type key length {n}", start)
+    r.pos = start
+    return r.string("type key")
 
 
 def decode(data: bytes | memoryview, where: str = "module blob") -> DecodedBlob:
@@ -290,38 +241,36 @@ def decode(data: bytes | memoryview, where: str = "module blob") -> DecodedBlob:
     FormatError
         On any structural problem, with the byte offset.
     """
-    r = _Reader(data, where)
+    r = Reader(data, where)
     count = r.u64("entry count")
     # Each entry takes at least 9 bytes (8-byte key length + a 1-byte key), so this bounds
     # the loop before allocating anything for a corrupt count.
     if count < 2 or count > len(data) // 9:
         need = ("needs at least one module and the _import_tree" if count < 2
                 else "too many to fit: truncated or corrupt")
-        raise r.fail(f"implausible entry count {count} ({need})", 0)
+        raise r.error(f"implausible entry count {count} ({need})", 0)
     entries: list[BlobEntry] = []
     tree: tuple[list[int], list[int]] | None = None
     for i in range(count):
         start = r.pos
-        key = r.key()
+        key = _read_key(r)
         if key == IMPORT_TREE_KEY:
             if i != count - 1:
-                raise r.fail(
+                raise r.error(
                     f"_import_tree found as entry {i}, but the entry count {count} (which includes it) puts it "
                     f"at entry {count - 1}: wrong entry count",
                     start,
                 )
-            row_ptr = r.vec("import tree row_ptr")
-            child = r.vec("import tree child_indices")
+            row_ptr = r.u64_vector("import tree row_ptr")
+            child = r.u64_vector("import tree child_indices")
             tree = (row_ptr, child)
         elif key == LIB_KEY:
             entries.append(BlobEntry(key, None, start))
         else:
-            n = r.u64(f"payload length of entry {i} ({key!r})")
-            entries.append(BlobEntry(key, r.raw(n, f"payload of entry {i} ({key!r})"), start))
+            entries.append(BlobEntry(key, r.sized_bytes(f"payload of entry {i} ({key!r})"), start))
     if tree is None:
-        raise r.fail(f"missing _import_tree entry (entry count {count} includes it)")
-    if r.pos != len(data):
-        raise r.fail(f"{len(data) - r.pos} trailing bytes after the declared {count} entries")
+        raise r.error(f"missing _import_tree entry (entry count {count} includes it)")
+    r.expect_end(f"the declared {count} entries")
     row_ptr, child = tree
     n = len(entries)
     if len(row_ptr) != n + 1:

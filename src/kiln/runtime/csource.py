@@ -14,6 +14,7 @@ import threading
 import weakref
 from typing import Sequence
 
+from . import cc
 from .errors import InputError, KilnError
 from .library_module import CompiledOnDemand
 from .module import Module, PackedFunction
@@ -70,7 +71,6 @@ class CSourceModule(CompiledOnDemand, Module):
             return self._lib
         with self._lock:
             if self._lib is None:
-                from ..contrib import cc
                 from . import crt_source_path
                 from .elf import ElfFile
                 from .library_module import LibraryModule

@@ -2,7 +2,8 @@
 
 Kiln names element types with short strings ("float32", "bfloat16", "bool", ...); those are
 the names graph JSON, params files and error messages use. This module is the single table
-that maps them to DLPack type codes and to NumPy dtypes. ``bfloat16`` comes from
+that maps them to DLPack type codes and to NumPy dtypes; the compiler's dtype helpers
+(:mod:`kiln.ir.types`, :mod:`kiln.tir.dtype`) and the CLI derive theirs from it. ``bfloat16`` comes from
 ``ml_dtypes``, which is imported only when a NumPy dtype for it is actually needed so that
 ``kiln.runtime`` stays importable with NumPy alone.
 """
@@ -25,6 +26,11 @@ __all__ = [
     "np_dtype",
     "canonical",
     "itemsize",
+    "bits",
+    "dl_code",
+    "FLOAT_DTYPES",
+    "SIGNED_DTYPES",
+    "UNSIGNED_DTYPES",
 ]
 
 
@@ -60,6 +66,15 @@ _TABLE: dict[str, tuple[int, int]] = {
 
 #: Every dtype name Kiln accepts, in a stable order (used in error messages).
 SUPPORTED: tuple[str, ...] = tuple(_TABLE)
+
+#: Floating-point dtypes (IEEE and bfloat16).
+FLOAT_DTYPES: frozenset[str] = frozenset(
+    k for k, (code, _) in _TABLE.items() if code in (DLDataTypeCode.FLOAT, DLDataTypeCode.BFLOAT)
+)
+#: Signed integer dtypes.
+SIGNED_DTYPES: frozenset[str] = frozenset(k for k, (code, _) in _TABLE.items() if code == DLDataTypeCode.INT)
+#: Unsigned integer dtypes (bool is not one of them).
+UNSIGNED_DTYPES: frozenset[str] = frozenset(k for k, (code, _) in _TABLE.items() if code == DLDataTypeCode.UINT)
 
 _REVERSE: dict[tuple[int, int], str] = {v: k for k, v in _TABLE.items()}
 # TVM writes bool as (kDLUInt, 1 bit) yet stores one byte per element; accept it on input so
@@ -203,3 +218,13 @@ def np_dtype(dtype: Any) -> np.dtype:
 def itemsize(dtype: Any) -> int:
     """Bytes per element of a supported dtype (bool is one byte)."""
     return _TABLE[canonical(dtype)][1] // 8
+
+
+def bits(dtype: Any) -> int:
+    """Storage bits per element of a supported dtype (bool is stored in 8 bits, as in DLPack ≥ 0.8)."""
+    return _TABLE[canonical(dtype)][1]
+
+
+def dl_code(dtype: Any) -> int:
+    """The ``DLDataTypeCode`` of a supported dtype (0 int, 1 uint, 2 float, 4 bfloat, 6 bool)."""
+    return _TABLE[canonical(dtype)][0]

@@ -11,19 +11,29 @@ Binary payload (little-endian), see ``docs/executor.md``::
     u64 len, graph JSON (UTF-8)
     u64 len, module name (UTF-8)
     u64 len, params (the save_param_dict format)
+
+:func:`read_factory_payload` parses it without building a module (``kiln inspect`` uses it).
 """
 
 from __future__ import annotations
 
-import struct
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from .errors import FormatError, InputError
+from .binary import Reader, Writer
+from .errors import InputError
 from .graph_json import Graph, load_graph_json
 from .module import Module
 from .registry import register_loader
 
-__all__ = ["ExecutorFactoryModule", "loadbinary_GraphExecutorFactory", "TYPE_KEY"]
+__all__ = [
+    "ExecutorFactoryModule",
+    "FactoryPayload",
+    "read_factory_payload",
+    "write_factory_payload",
+    "loadbinary_GraphExecutorFactory",
+    "TYPE_KEY",
+]
 
 TYPE_KEY = "GraphExecutorFactory"
 
@@ -194,19 +204,76 @@ class ExecutorFactoryModule(Module):
     # ---- serialization --------------------------------------------------------------------
     def save_to_binary(self) -> bytes:
         """Graph JSON, module name and params (``save_param_dict`` bytes), each u64-length-prefixed."""
-        from .params import save_param_dict
-
-        parts = []
-        for b in (self.graph_json.encode("utf-8"), self.mod_name.encode("utf-8"), save_param_dict(self.params)):
-            parts.append(struct.pack("<Q", len(b)))
-            parts.append(b)
-        return b"".join(parts)
+        return write_factory_payload(FactoryPayload(self.graph_json, self.mod_name, self.params))
 
     def __repr__(self) -> str:
         return (
             f"ExecutorFactoryModule(mod_name={self.mod_name!r}, nodes={len(self._graph.nodes)}, "
             f"params={len(self.params)}, lib={type(self.get_lib()).__name__})"
         )
+
+
+@dataclass(frozen=True)
+class FactoryPayload:
+    """The contents of a ``GraphExecutorFactory`` payload.
+
+    Attributes
+    ----------
+    graph_json : str
+        The graph JSON text (not yet validated).
+    mod_name : str
+        Name of the creation function.
+    params : dict of str to NDArray
+        The parameters, on the CPU, in file order.
+    """
+
+    graph_json: str
+    mod_name: str
+    params: dict[str, Any]
+
+
+def write_factory_payload(p: FactoryPayload) -> bytes:
+    """Serialize ``p``: graph JSON, module name and ``save_param_dict`` bytes, each u64-length-prefixed."""
+    from .params import save_param_dict
+
+    w = Writer()
+    w.string(p.graph_json)
+    w.string(p.mod_name)
+    w.sized_bytes(save_param_dict(p.params))
+    return w.getvalue()
+
+
+def read_factory_payload(data: bytes | bytearray | memoryview,
+                         where: str = "GraphExecutorFactory payload") -> FactoryPayload:
+    """Parse a ``GraphExecutorFactory`` payload without creating a module or loading kernels.
+
+    Parameters
+    ----------
+    data : bytes-like
+        The payload, as :meth:`ExecutorFactoryModule.save_to_binary` writes it.
+    where : str
+        Names the payload in error messages.
+
+    Returns
+    -------
+    FactoryPayload
+
+    Raises
+    ------
+    FormatError
+        If a field is truncated, a string is not UTF-8, bytes trail the params, or the
+        params section is corrupt (its offsets then count from the start of that section).
+    """
+    from .params import load_param_dict
+
+    r = Reader(data, where)
+    graph_json = r.string("graph JSON")
+    mod_name = r.string("module name")
+    n = r.u64("length of params")
+    section = f"{where}, params section at offset {r.pos}"
+    params = load_param_dict(r.view(n, "params"), where=section) if n else {}
+    r.expect_end("the params")
+    return FactoryPayload(graph_json, mod_name, params)
 
 
 def loadbinary_GraphExecutorFactory(payload: bytes) -> ExecutorFactoryModule:
@@ -219,26 +286,8 @@ def loadbinary_GraphExecutorFactory(payload: bytes) -> ExecutorFactoryModule:
     FormatError
         On a truncated payload or a bad graph / params section.
     """
-    from .params import load_param_dict
-
-    data = memoryview(payload)
-    pos = 0
-    fields = []
-    for what in ("graph JSON", "module name", "params"):
-        if pos + 8 > len(data):
-            raise FormatError(f"GraphExecutorFactory payload: truncated before the {what} length (offset {pos})")
-        (n,) = struct.unpack_from("<Q", data, pos)
-        pos += 8
-        if pos + n > len(data):
-            raise FormatError(
-                f"GraphExecutorFactory payload: {what} needs {n} bytes at offset {pos}, only {len(data) - pos} left"
-            )
-        fields.append(bytes(data[pos : pos + n]))
-        pos += n
-    graph_json = fields[0].decode("utf-8")
-    mod_name = fields[1].decode("utf-8")
-    params = load_param_dict(fields[2]) if fields[2] else {}
-    return ExecutorFactoryModule(graph_json, None, params, mod_name)
+    p = read_factory_payload(payload)
+    return ExecutorFactoryModule(p.graph_json, None, p.params, p.mod_name)
 
 
 register_loader(TYPE_KEY, loadbinary_GraphExecutorFactory, override=True)

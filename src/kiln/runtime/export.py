@@ -26,7 +26,9 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import blob as _blob
+from . import cc as _cc
 from . import digest as _digest
+from . import tar as _tar
 from .errors import FormatError, InputError, KilnError, KilnFileNotFoundError
 from .tar_manifest import MANIFEST_NAME, TAR_FORMAT, TAR_VERSION, check_compile_options, parse_manifest
 
@@ -101,7 +103,7 @@ def export_library(
     fcompile : callable, optional
         TVM-style compile function ``fcompile(output, files, options=None, **kw)`` with
         ``.output_format`` and optionally ``.object_format``; defaults to
-        :func:`kiln.contrib.cc.create_shared` (or :func:`kiln.contrib.tar.tar` for ``.tar``).
+        :func:`kiln.runtime.cc.create_shared` (or :func:`kiln.runtime.tar.tar` for ``.tar``).
     workspace_dir : path, optional
         Where intermediate files go (kept); default a temporary directory (removed).
     cc : str, optional
@@ -138,8 +140,6 @@ def export_library(
     out_dir = os.path.dirname(path)
     if not os.path.isdir(out_dir):
         raise KilnFileNotFoundError(f"export_library: output directory does not exist: {out_dir}")
-    from ..contrib import cc as _cc
-    from ..contrib import tar as _tar
 
     is_tar = path.endswith(".tar") or getattr(fcompile, "output_format", None) == "tar"
 
@@ -305,7 +305,9 @@ def _blob_from_symbol(lib: Any, where: str) -> "_blob.DecodedBlob | None":
     addr = lib.native_address(_blob.SYMBOL_NAME)
     if addr is None:
         return None
-    (n,) = _blob._U64.unpack(ctypes.string_at(addr, 8))
+    from .binary import Reader
+
+    n = Reader(ctypes.string_at(addr, 8), f"{where}: symbol {_blob.SYMBOL_NAME}").u64("length header")
     raw = ctypes.string_at(addr + 8, n)
     decoded = _blob.decode(raw, f"{where}: symbol {_blob.SYMBOL_NAME}")
     _blob.resolve_loaders(decoded)
@@ -320,8 +322,6 @@ def _member(manifest_path: str, name: str, root: str) -> str:
 
 
 def _load_tar(path: str) -> "Module":
-    from ..contrib import cc as _cc
-    from ..contrib import tar as _tar
 
     tmp = tempfile.mkdtemp(prefix="kiln_tar_")  # mode 0700: private to this user
     try:
@@ -361,7 +361,7 @@ def _load_tar(path: str) -> "Module":
 
 
 def _find_library(mod: "Module") -> "Module | None":
-    for m in mod._walk():
+    for m in mod.walk():
         if m.type_key == "library":
             return m
     return None
@@ -405,9 +405,7 @@ def load_module(path: str | os.PathLike, fmt: str = "") -> "Module":
         elif p.endswith(".so") or p.endswith(".dylib"):
             fmt = "so"
         else:
-            from ..contrib.tar import looks_like_tar
-
-            fmt = "tar" if looks_like_tar(p) else "so"
+            fmt = "tar" if _tar.looks_like_tar(p) else "so"
     if fmt == "tar":
         return _load_tar(p)
     if fmt in ("so", "dso", "dll"):

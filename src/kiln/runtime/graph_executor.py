@@ -286,7 +286,7 @@ class GraphExecutor:
         # Any library's KilnRunSequence can call any kernel (it only follows function
         # pointers); the kernel's own library is preferred because it is surely loaded.
         cands = [getattr(op.func, "module", None)]
-        for mod in self.lib._walk():
+        for mod in self.lib.walk():
             cands += [mod, getattr(mod, "_lib", None)]  # a C source module compiles to ._lib
         for cand in cands:
             if cand is not None and hasattr(cand, "run_sequence"):

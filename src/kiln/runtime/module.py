@@ -231,8 +231,31 @@ class Module:
             raise InputError(f"import_module expects a Module, got {type(module).__name__}")
         self._import_list().append(module)
 
-    def _walk(self) -> Iterator["Module"]:
-        """This module and everything it imports, DFS pre-order, each once."""
+    def walk(self, follow: Callable[["Module"], bool] | None = None) -> Iterator["Module"]:
+        """This module and every module it imports, transitively, each once.
+
+        The order is depth-first pre-order with imports in import order — the order in which
+        :meth:`get_function` with ``query_imports=True`` searches, and the DFS that numbers
+        module-blob entries (``docs/module_blob_format.md``, which adds DSO grouping). Cycles
+        are allowed: a module seen before is skipped, together with its imports.
+
+        Parameters
+        ----------
+        follow : callable, optional
+            ``follow(import)`` decides whether an import is visited (and its own imports
+            searched); by default every import is.
+
+        Yields
+        ------
+        Module
+            This module first. The tree is read lazily, so imports added during the walk to
+            modules not yet reached are seen.
+
+        Examples
+        --------
+        >>> [m.type_key for m in factory.walk()]
+        ['GraphExecutorFactory', 'library']
+        """
         seen: set[int] = set()
         stack: list[Module] = [self]
         while stack:
@@ -241,7 +264,11 @@ class Module:
                 continue
             seen.add(id(m))
             yield m
-            stack.extend(reversed(m._import_list()))
+            children = m._import_list()
+            stack.extend(reversed(children if follow is None else [c for c in children if follow(c)]))
+
+    # Old private name; cli/library.py still calls it (to be switched to walk()).
+    _walk = walk
 
     # ---- functions -----------------------------------------------------------------
     def _get_local_function(self, name: str) -> "PackedFunction | Callable[..., Any] | None":
@@ -263,7 +290,7 @@ class Module:
         FunctionNotFoundError
             Naming the function and the module's type key.
         """
-        mods: Iterator[Module] = self._walk() if query_imports else iter((self,))
+        mods: Iterator[Module] = self.walk() if query_imports else iter((self,))
         for m in mods:
             f = m._get_local_function(name)
             if f is not None:
@@ -275,7 +302,7 @@ class Module:
 
     def implements_function(self, name: str, query_imports: bool = False) -> bool:
         """Whether :meth:`get_function` would find ``name``."""
-        mods: Iterator[Module] = self._walk() if query_imports else iter((self,))
+        mods: Iterator[Module] = self.walk() if query_imports else iter((self,))
         return any(m._get_local_function(name) is not None for m in mods)
 
     def __getitem__(self, name: str) -> PackedFunction:

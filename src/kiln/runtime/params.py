@@ -18,7 +18,8 @@ Layout (all little-endian; see ``docs/params_format.md``)::
 
 Loading never trusts a length before checking it against the bytes that remain, so corrupt
 input raises :class:`FormatError` (with the offset and what was expected) instead of
-allocating absurd amounts of memory or crashing. Tensor data is read straight into the
+allocating absurd amounts of memory or crashing (all reading goes through
+:class:`kiln.runtime.binary.Reader`). Tensor data is read straight into the
 destination NDArray's aligned memory: one copy per tensor.
 """
 
@@ -33,7 +34,8 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from . import dtype as _dt
-from .errors import FormatError, InputError, KilnFileNotFoundError
+from .binary import Reader, Writer
+from .errors import InputError, KilnFileNotFoundError
 from .ndarray import NDArray, empty
 
 __all__ = [
@@ -50,7 +52,6 @@ PARAMS_LIST_MAGIC = 0xF7E58D4F05049CB7
 #: First u64 of every tensor record.
 TENSOR_MAGIC = 0xDD5E40F096B4A13F
 
-_U64 = struct.Struct("<Q")
 # tensor magic, reserved, device type, device id, ndim, dtype code, bits, lanes
 _TENSOR_HEAD = struct.Struct("<QQiiiBBH")
 _MAX_NDIM = 64  # far above any real tensor; guards against reading garbage as a shape
@@ -77,16 +78,22 @@ def _iter_chunks(params: Mapping[str, Any]) -> Iterator[bytes | memoryview]:
     if not isinstance(params, Mapping):
         raise InputError(f"save_param_dict expects a dict of name -> array, got {type(params).__name__}")
     items = [(k, *_as_host_array(k, v)) for k, v in params.items()]  # validate before writing
-    yield _U64.pack(PARAMS_LIST_MAGIC) + _U64.pack(0) + _U64.pack(len(items))
+    w = Writer()
+    w.u64(PARAMS_LIST_MAGIC)
+    w.u64(0)
+    w.u64(len(items))
     for name, _, _ in items:
-        raw = name.encode("utf-8")
-        yield _U64.pack(len(raw)) + raw
-    yield _U64.pack(len(items))
+        w.string(name)
+    w.u64(len(items))
+    yield w.getvalue()
     for _, arr, dt in items:
         dl = _dt.to_dl(dt)
-        head = _TENSOR_HEAD.pack(TENSOR_MAGIC, 0, 1, 0, arr.ndim, dl.code, dl.bits, dl.lanes)
-        shape = struct.pack(f"<{arr.ndim}q", *arr.shape)
-        yield head + shape + struct.pack("<q", arr.nbytes)
+        w = Writer()
+        w.pack(_TENSOR_HEAD, TENSOR_MAGIC, 0, 1, 0, arr.ndim, dl.code, dl.bits, dl.lanes)
+        for d in arr.shape:
+            w.i64(d)
+        w.i64(arr.nbytes)
+        yield w.getvalue()
         if arr.nbytes:
             yield memoryview(arr.reshape(-1).view(np.uint8))
 
@@ -123,93 +130,43 @@ def save_param_dict_to_file(params: Mapping[str, NDArray | np.ndarray], path: st
 
 
 # --------------------------------------------------------------------------- loading
-class _Reader:
-    """Bounds-checked little-endian reader over a binary stream of known size."""
-
-    def __init__(self, stream: Any, size: int, source: str) -> None:
-        self.f, self.size, self.pos, self.source = stream, size, 0, source
-
-    def fail(self, msg: str, at: int | None = None) -> FormatError:
-        return FormatError(f"invalid params data ({self.source}) at offset {self.pos if at is None else at}: {msg}")
-
-    def need(self, n: int, what: str) -> None:
-        if n > self.size - self.pos:
-            raise self.fail(f"truncated: expected {n} bytes of {what}, only {self.size - self.pos} left")
-
-    def read(self, n: int, what: str) -> bytes:
-        self.need(n, what)
-        data = self.f.read(n)
-        if len(data) != n:  # the stream shrank under us
-            raise self.fail(f"truncated: expected {n} bytes of {what}, got {len(data)}")
-        self.pos += n
-        return data
-
-    def u64(self, what: str) -> int:
-        return _U64.unpack(self.read(8, what))[0]
-
-    def read_into(self, dst: memoryview, what: str) -> None:
-        n = dst.nbytes
-        self.need(n, what)
-        got = self.f.readinto(dst)
-        if got != n:
-            raise self.fail(f"truncated: expected {n} bytes of {what}, got {got}")
-        self.pos += n
+def _where(source: str) -> str:
+    return f"invalid params data ({source})"
 
 
-class _MemStream:
-    """Minimal ``read``/``readinto`` over a memoryview, so tensor bytes are copied exactly once:
-    from the caller's buffer straight into the aligned NDArray (no BytesIO copy of the input)."""
-
-    def __init__(self, view: memoryview) -> None:
-        self.view, self.pos = view, 0
-
-    def read(self, n: int) -> bytes:
-        out = self.view[self.pos : self.pos + n].tobytes()
-        self.pos += len(out)
-        return out
-
-    def readinto(self, dst: memoryview) -> int:
-        n = min(dst.nbytes, len(self.view) - self.pos)
-        dst[:n] = self.view[self.pos : self.pos + n]
-        self.pos += n
-        return n
-
-
-def _read_tensor(r: _Reader, index: int, name: str) -> NDArray:
+def _read_tensor(r: Reader, index: int, name: str) -> NDArray:
     start = r.pos
     what = f"tensor #{index} ({name!r})"
-    magic, _reserved, dev_type, dev_id, ndim, code, bits, lanes = _TENSOR_HEAD.unpack(
-        r.read(_TENSOR_HEAD.size, f"{what} header")
-    )
+    magic, _reserved, dev_type, dev_id, ndim, code, bits, lanes = r.unpack(_TENSOR_HEAD, f"{what} header")
     if magic != TENSOR_MAGIC:
-        raise r.fail(f"{what}: bad tensor magic 0x{magic:016X}, expected 0x{TENSOR_MAGIC:016X}", start)
+        raise r.error(f"{what}: bad tensor magic 0x{magic:016X}, expected 0x{TENSOR_MAGIC:016X}", start)
     if dev_type != 1:
-        raise r.fail(f"{what}: device type {dev_type} (id {dev_id}); params are always stored as CPU (1)", start)
+        raise r.error(f"{what}: device type {dev_type} (id {dev_id}); params are always stored as CPU (1)", start)
     if not 0 <= ndim <= _MAX_NDIM:
-        raise r.fail(f"{what}: ndim {ndim} out of range 0..{_MAX_NDIM}", start)
+        raise r.error(f"{what}: ndim {ndim} out of range 0..{_MAX_NDIM}", start)
     try:
         dt = _dt.from_dl(code, bits, lanes)
     except InputError:
-        raise r.fail(
+        raise r.error(
             f"{what}: unknown dtype (code={code}, bits={bits}, lanes={lanes}); "
             f"supported: {', '.join(_dt.SUPPORTED)}",
             start,
         ) from None
     shape_at = r.pos
-    shape = struct.unpack(f"<{ndim}q", r.read(8 * ndim, f"{what} shape"))
+    shape = r.unpack(struct.Struct(f"<{ndim}q"), f"{what} shape")
     if any(d < 0 for d in shape):
-        raise r.fail(f"{what}: negative dimension in shape {shape}", shape_at)
+        raise r.error(f"{what}: negative dimension in shape {shape}", shape_at)
     # NumPy, and so every host view of an NDArray, refuses a shape whose non-zero dims span
     # more than sys.maxsize bytes even when a zero dim makes the tensor empty: no real file
     # holds one, so it is corrupt (and must not become an NDArray that fails on first use).
     extent = math.prod(d for d in shape if d) * _dt.itemsize(dt)
     if extent > sys.maxsize:
-        raise r.fail(f"{what}: shape {shape} of {dt} is too large to address (over {sys.maxsize} bytes)", shape_at)
+        raise r.error(f"{what}: shape {shape} of {dt} is too large to address (over {sys.maxsize} bytes)", shape_at)
     nbytes_at = r.pos
-    (nbytes,) = struct.unpack("<q", r.read(8, f"{what} nbytes"))
+    nbytes = r.i64(f"{what} nbytes")
     expected = math.prod(shape) * _dt.itemsize(dt)
     if nbytes != expected:
-        raise r.fail(f"{what}: nbytes is {nbytes} but shape {shape} of {dt} needs {expected}", nbytes_at)
+        raise r.error(f"{what}: nbytes is {nbytes} but shape {shape} of {dt} needs {expected}", nbytes_at)
     r.need(nbytes, f"{what} data")  # before allocating: never trust a size we cannot back
     out = empty(shape, dt)
     if nbytes:
@@ -220,46 +177,38 @@ def _read_tensor(r: _Reader, index: int, name: str) -> NDArray:
     return out
 
 
-def _load_stream(stream: Any, size: int, source: str) -> dict[str, NDArray]:
-    r = _Reader(stream, size, source)
+def _load(r: Reader) -> dict[str, NDArray]:
     magic = r.u64("list magic")
     if magic != PARAMS_LIST_MAGIC:
-        raise r.fail(f"bad magic 0x{magic:016X}, expected params list magic 0x{PARAMS_LIST_MAGIC:016X}", 0)
+        raise r.error(f"bad magic 0x{magic:016X}, expected params list magic 0x{PARAMS_LIST_MAGIC:016X}", 0)
     r.u64("reserved field")  # written as 0, ignored on read (room for future versions)
-    count_at = r.pos
-    n_names = r.u64("name count")
-    if n_names * 8 > r.size - r.pos:  # every name takes at least its 8-byte length
-        raise r.fail(f"name count {n_names} cannot fit in the {r.size - r.pos} bytes left", count_at)
-    names: list[str] = []
-    for i in range(n_names):
-        at = r.pos
-        length = r.u64(f"length of name #{i}")
-        raw = r.read(length, f"name #{i}")
-        try:
-            names.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise r.fail(f"name #{i} is not valid UTF-8", at) from None
+    n_names = r.count("name count", 8)  # every name takes at least its 8-byte length
+    names = [r.string(f"name #{i}") for i in range(n_names)]
     at = r.pos
     n_tensors = r.u64("tensor count")
     if n_tensors != n_names:
-        raise r.fail(f"{n_names} names but {n_tensors} tensors; the counts must match", at)
+        raise r.error(f"{n_names} names but {n_tensors} tensors; the counts must match", at)
     result: dict[str, NDArray] = {}
     for i, name in enumerate(names):
         if name in result:
-            raise r.fail(f"duplicate param name {name!r}")
+            raise r.error(f"duplicate param name {name!r}")
         result[name] = _read_tensor(r, i, name)
-    if r.pos != r.size:
-        raise r.fail(f"{r.size - r.pos} unexpected trailing bytes after the last tensor")
+    r.expect_end("the last tensor")
     return result
 
 
-def load_param_dict(data: bytes | bytearray | memoryview | str | os.PathLike) -> dict[str, NDArray]:
+def load_param_dict(
+    data: bytes | bytearray | memoryview | str | os.PathLike, *, where: str | None = None
+) -> dict[str, NDArray]:
     """Load a params dict from bytes or from a file path.
 
     Parameters
     ----------
     data : bytes, bytearray, memoryview, str or os.PathLike
         Serialized params, or the path of a params file (a ``str`` is always a path).
+    where : str, optional
+        Names the data in error messages (default: ``"bytes"`` or the path), e.g. the file
+        and section that embeds the params.
 
     Returns
     -------
@@ -275,14 +224,13 @@ def load_param_dict(data: bytes | bytearray | memoryview | str | os.PathLike) ->
         If a path does not exist.
     """
     if isinstance(data, (str, os.PathLike)):
-        return load_param_dict_from_file(data)
+        return load_param_dict_from_file(data, where=where)
     if isinstance(data, (bytes, bytearray, memoryview)):
-        view = memoryview(data).cast("B")
-        return _load_stream(_MemStream(view), view.nbytes, "bytes")
+        return _load(Reader(data, _where(where or "bytes")))
     raise InputError(f"load_param_dict expects bytes or a path, got {type(data).__name__}")
 
 
-def load_param_dict_from_file(path: str | os.PathLike) -> dict[str, NDArray]:
+def load_param_dict_from_file(path: str | os.PathLike, *, where: str | None = None) -> dict[str, NDArray]:
     """Load a params file written by :func:`save_param_dict_to_file` (or TVM).
 
     Tensor bytes are read from the file directly into aligned NDArray memory, so big weights
@@ -291,6 +239,8 @@ def load_param_dict_from_file(path: str | os.PathLike) -> dict[str, NDArray]:
     Parameters
     ----------
     path : str or os.PathLike
+    where : str, optional
+        Names the file in error messages (default: the path).
 
     Returns
     -------
@@ -309,4 +259,4 @@ def load_param_dict_from_file(path: str | os.PathLike) -> dict[str, NDArray]:
         raise KilnFileNotFoundError(f"params file not found: {os.fspath(path)!r}") from None
     with f:
         size = os.fstat(f.fileno()).st_size
-        return _load_stream(f, size, os.fspath(path))
+        return _load(Reader(f, _where(where or os.fspath(path)), size))

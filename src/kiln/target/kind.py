@@ -1,4 +1,8 @@
-"""Target kinds: the registry of code-generation targets and their typed options."""
+"""Target kinds: the registry of code-generation targets and their typed options.
+
+Imports only the runtime: a kind never names a code generator (codegens register themselves
+with :func:`kiln.codegen.register_codegen`; the layer test in tests/test_layers.py checks it).
+"""
 
 from __future__ import annotations
 
@@ -157,12 +161,8 @@ def register_target_kind(name: str, options: dict[str, OptionSpec] | None = None
     return kind
 
 
-#: Kinds registered by plug-in modules that are imported the first time the kind is named.
-PLUGIN_KIND_MODULES: dict[str, str] = {"cuda": "kiln.codegen.cuda", "opencl": "kiln.codegen.opencl"}
-
-
 def get_target_kind(name: str) -> TargetKind:
-    """The registered kind ``name`` (importing its plug-in module if it has one).
+    """The registered kind ``name``.
 
     Raises
     ------
@@ -170,16 +170,11 @@ def get_target_kind(name: str) -> TargetKind:
         Listing the registered kinds.
     """
     k = _KINDS.get(name)
-    if k is None and name in PLUGIN_KIND_MODULES:
-        import importlib
-
-        importlib.import_module(PLUGIN_KIND_MODULES[name])
-        k = _KINDS.get(name)
     if k is None:
         raise TargetError(f"unknown target kind {name!r}; registered kinds: {', '.join(list_target_kinds())}")
     return k
 
 
 def list_target_kinds() -> list[str]:
-    """Names of all registered target kinds (plug-in kinds included, imported or not)."""
-    return sorted(set(_KINDS) | set(PLUGIN_KIND_MODULES))
+    """Names of all registered target kinds."""
+    return sorted(_KINDS)

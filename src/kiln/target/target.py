@@ -214,6 +214,20 @@ def _register_builtin_kinds() -> None:
                          preprocess=_llvm_preprocess, override=True)
     register_target_kind("c", {**cpu_opts, "cc": (str, ""), "cflags": (list, [])}, default_keys=("cpu",),
                          override=True)
+    # The GPU kinds are declared here, with the CPU ones, so that naming a target never imports a
+    # code generator (target sits below codegen); kiln.codegen loads their codegens on first build.
+    register_target_kind("cuda", {
+        "arch": (str, "sm_80"),  # PTX for this architecture; the driver JITs it for newer GPUs
+        "max_num_threads": (int, 1024),
+        "thread_warp_size": (int, 32),
+        "max_shared_memory_per_block": (int, 48 * 1024),
+        "fast_math": (bool, False),
+        "options": (list, []),
+        "binary": (str, "ptx"),
+    }, default_keys=("cuda", "gpu"), device_type=2, override=True)
+    register_target_kind("opencl", {
+        "max_num_threads": (int, 256),  # work-items per work-group the GPU schedules aim for
+    }, default_keys=("opencl", "gpu"), device_type=4, override=True)
 
 
 _register_builtin_kinds()

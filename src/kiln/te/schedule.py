@@ -7,7 +7,7 @@ Schedule primitives only *record* loop transformations (as split / fuse relation
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..runtime.errors import CompileError
 from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Tensor
@@ -332,6 +332,15 @@ class Schedule:
     def consumers(self, op: Operation) -> list[Stage]:
         """Stages reading an output of ``op``."""
         return [st for st in self.stages if any(t.op is op for t in st.op.input_tensors)]
+
+    def lower(self, args: Sequence[Tensor], name: str = "main", simple_mode: bool = False) -> Any:
+        """Lower this schedule to a :class:`kiln.tir.PrimFunc` (see :mod:`kiln.te.lower_schedule`).
+
+        ``kiln.tir.lower(sch, args)`` calls this, so the loop IR needs no import of te.
+        """
+        from .lower_schedule import lower  # lower_schedule imports this module
+
+        return lower(self, args, name, simple_mode)
 
     def __repr__(self) -> str:
         return f"Schedule({', '.join(repr(s) for s in self.stages)})"

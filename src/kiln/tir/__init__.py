@@ -1,4 +1,4 @@
-"""``kiln.tir``: the loop IR every code generator consumes, and lowering from ``kiln.te``.
+"""``kiln.tir``: the loop IR every code generator consumes (lowering from ``kiln.te`` lives in te).
 
 * expressions (:mod:`.expr`): ``Var``, ``IntImm``, ``FloatImm``, ``BinaryOp`` (add, sub, mul,
   div, floordiv, floormod, truncdiv, truncmod, min, max, comparisons, and/or, bit ops),
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..runtime.errors import CompileError
 from .dtype import SUPPORTED_DTYPES  # noqa: F401
 from .expr import (  # noqa: F401
     BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var, cast, const,
@@ -29,10 +30,20 @@ BufferLoad = Load
 
 
 def lower(sch: Any, args: Sequence[Any], name: str = "main", simple_mode: bool = False) -> PrimFunc:
-    """Lower a :class:`kiln.te.Schedule` to a :class:`PrimFunc` (see :mod:`kiln.tir.lower`)."""
-    from .lower_schedule import lower as _lower  # late import: kiln.te imports this package
+    """Lower a :class:`kiln.te.Schedule` to a :class:`PrimFunc` (TVM's ``tvm.lower`` shape).
 
-    return _lower(sch, args, name, simple_mode)
+    The lowering reads te's stages, so it lives in :mod:`kiln.te.lower_schedule` (te sits above
+    tir); it is reached through the schedule's own :meth:`~kiln.te.Schedule.lower`.
+
+    Raises
+    ------
+    CompileError
+        If ``sch`` is not a schedule.
+    """
+    lower_schedule = getattr(sch, "lower", None)
+    if not callable(lower_schedule):
+        raise CompileError(f"tir.lower expects a kiln.te.Schedule, got {type(sch).__name__}")
+    return lower_schedule(args, name, simple_mode)
 
 
 __all__ = [

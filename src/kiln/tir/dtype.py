@@ -7,6 +7,7 @@ ceremony.  This module answers the few questions the IR asks about them.
 
 from __future__ import annotations
 
+from ..runtime import dtype as _rt
 from ..runtime.errors import CompileError
 
 __all__ = [
@@ -23,24 +24,10 @@ __all__ = [
     "max_value",
 ]
 
-# name -> (DLPack type code, bits)
-_DL: dict[str, tuple[int, int]] = {
-    "bool": (6, 8),
-    "int8": (0, 8),
-    "int16": (0, 16),
-    "int32": (0, 32),
-    "int64": (0, 64),
-    "uint8": (1, 8),
-    "uint16": (1, 16),
-    "uint32": (1, 32),
-    "uint64": (1, 64),
-    "float16": (2, 16),
-    "float32": (2, 32),
-    "float64": (2, 64),
-    "bfloat16": (4, 16),
-}
-
-SUPPORTED_DTYPES: tuple[str, ...] = tuple(_DL)
+# The loop IR accepts exactly the dtypes the runtime can store; facts about them come from
+# the runtime's table (one table, see kiln.runtime.dtype).
+SUPPORTED_DTYPES: tuple[str, ...] = _rt.SUPPORTED
+_KNOWN = frozenset(SUPPORTED_DTYPES)
 
 
 def check_dtype(dtype: object) -> str:
@@ -58,24 +45,24 @@ def check_dtype(dtype: object) -> str:
         name = "float32"
     elif name == "int":
         name = "int32"
-    if name not in _DL:
+    if name not in _KNOWN:
         raise CompileError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
     return name
 
 
 def is_float(dtype: str) -> bool:
     """True for every floating-point dtype, including float16 and bfloat16."""
-    return dtype in ("float16", "float32", "float64", "bfloat16")
+    return dtype in _rt.FLOAT_DTYPES
 
 
 def is_int(dtype: str) -> bool:
     """True for signed integer dtypes."""
-    return dtype.startswith("int")
+    return dtype in _rt.SIGNED_DTYPES
 
 
 def is_uint(dtype: str) -> bool:
     """True for unsigned integer dtypes."""
-    return dtype.startswith("uint")
+    return dtype in _rt.UNSIGNED_DTYPES
 
 
 def is_integer(dtype: str) -> bool:
@@ -92,12 +79,12 @@ def bits_of(dtype: str) -> int:
     """Storage width in bits (bool is stored as one byte, like DLPack)."""
     if dtype == "handle":
         return 64
-    return _DL[dtype][1]
+    return _rt.bits(dtype)
 
 
 def dl_code(dtype: str) -> int:
     """DLPack type code of ``dtype`` (0 int, 1 uint, 2 float, 4 bfloat, 6 bool)."""
-    return _DL[dtype][0]
+    return _rt.dl_code(dtype)
 
 
 def min_value(dtype: str) -> float | int:

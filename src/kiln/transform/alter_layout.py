@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..autotune.space import current_config, workload_key
+from ..topi.knobs import current_config, workload_key
 from ..ir import Graph, OpPattern, Value, get_op
 from ..ir.ops.layout import convert_layout
 from .pipeline import Pass

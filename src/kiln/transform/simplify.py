@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import Graph, Node, Value, rewrite
+from ..ir import Graph, Node, Value, dead_code_elimination, rewrite
 from ..ir.graph import _copy_node
 from ..ir.ops._util import norm_axis
 from ..ir.types import np_dtype
@@ -21,28 +21,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- DCE
-def dead_code_elimination(graph: Graph) -> Graph:
-    """Drop nodes none of whose outputs reach a graph output. Graph inputs are kept."""
-    live: set[int] = set()
-    needed: set[Value] = set(graph.outputs)
-    for node in reversed(graph.nodes):
-        if any(v in needed for v in node.outputs):
-            live.add(id(node))
-            needed.update(node.inputs)
-    new = Graph(graph.name)
-    vmap: dict[Value, Value] = {}
-    for v in graph.inputs:
-        nv = Value(v.type, None, 0, v.name)
-        new.inputs.append(nv)
-        vmap[v] = nv
-    for node in graph.nodes:
-        if id(node) in live:
-            for a, b in zip(node.outputs, _copy_node(new, node, [vmap[x] for x in node.inputs])):
-                vmap[a] = b
-    new.outputs = [vmap[v] for v in graph.outputs]
-    return new
-
-
 # ----------------------------------------------------------------------------- identities
 def _is_noop(node: Node) -> bool:
     op = node.op

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ...ir import Graph, Value, get_op
+from ...ir import Graph, Value, dead_code_elimination, get_op
 from ...ir.types import DTYPES, TensorType, np_dtype
 from ...runtime.errors import (FormatError, InputError, KilnError, KilnFileNotFoundError,
                                UnsupportedOpError)
@@ -662,8 +662,6 @@ def convert_nodes(ctx: Context, nodes: Sequence[Any], env: dict[str, Value],
 
 def _prune(graph: Graph, param_names: set[str]) -> Graph:
     """Drop dead nodes and parameters that no node uses any more."""
-    from ...transform.simplify import dead_code_elimination
-
     graph = dead_code_elimination(graph)
     used = set(graph.outputs)
     for n in graph.nodes:

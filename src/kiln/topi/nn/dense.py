@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import te
-from ...autotune.space import current_config, workload_key
+from ..knobs import current_config, workload_key
 from ..broadcast import broadcast_shape
 from ..registry import register_compute
 from ..util import TAG_ELEMWISE, acc_dtype, prod

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
-from ...autotune.space import current_config
+from ..knobs import current_config
 from ..nn.dense import DENSE_PACK_BN, TAG_DENSE, TAG_DENSE_GEMV, TAG_DENSE_PACK, TAG_MATMUL
 from ..registry import register_schedule
 from ..util import prod

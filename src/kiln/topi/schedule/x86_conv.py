@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
-from ...autotune.space import current_config, workload_key
+from ..knobs import current_config, workload_key
 from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
 from ..nn.conv2d_nchwc import TAG_CONV2D_NCHWC, TAG_DEPTHWISE_NCHWC, TAG_POOL_NCHWC
 from ..registry import register_schedule

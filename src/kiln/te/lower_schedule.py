@@ -1,5 +1,9 @@
 """Lowering: a :class:`kiln.te.Schedule` plus argument tensors → a :class:`PrimFunc`.
 
+It lives in ``kiln.te`` because it reads te's stages and writes tir: te sits above tir in the
+layer table (``docs/architecture.md``). ``kiln.tir.lower`` reaches it through
+:meth:`kiln.te.Schedule.lower`, so tir never imports te.
+
 Steps
 -----
 1. *Inline*: the bodies of ``compute_inline`` stages are substituted into their readers.
@@ -28,10 +32,13 @@ import re
 from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
-from .expr import Call, IntImm, Load, PrimExpr, ProducerLoad, Reduce, Var, binary, const
-from .functor import Mutator, collect_vars, post_order_visit, substitute
-from .simplify import INF, Analyzer, simplify_stmt
-from .stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, Stmt, seq
+from ..tir.expr import (BinaryOp, Call, IntImm, Load, PrimExpr, ProducerLoad, Reduce, Var, binary, const,
+                        structural_equal)
+from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
+from ..tir.simplify import INF, Analyzer, simplify_stmt
+from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, Stmt, seq
+from .schedule import Fuse, Split
+from .tensor import ComputeOp, PlaceholderOp, Tensor
 
 __all__ = ["lower", "BARRIER_INTRINSIC"]
 
@@ -93,8 +100,6 @@ class _Resolver(Mutator):
 
 class _Lowerer:
     def __init__(self, sch: Any, args: Sequence[Any], name: str) -> None:
-        from ..te.tensor import ComputeOp, PlaceholderOp, Tensor
-
         self.sch, self.name = sch, name
         self.ComputeOp = ComputeOp
         self.names: dict[str, int] = {}
@@ -222,8 +227,6 @@ class _Lowerer:
     def stage_nest(self, st: Any, region: list[tuple[PrimExpr, int]], bufs: list[Buffer],
                    outer: dict[Var, tuple[float, float]]) -> Stmt:
         op = st.op
-        from ..te.schedule import Fuse, Split
-
         ext: dict[Any, int] = {}
         for iv, (_, n) in zip(op.axis, region):
             ext[iv] = n
@@ -515,8 +518,6 @@ class _Lowerer:
 
 def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer) -> PrimExpr | None:
     """For ``cond`` equivalent to ``v < B`` (v with coefficient 1), return ``B`` (else None)."""
-    from .expr import BinaryOp
-
     if not (isinstance(cond, BinaryOp) and cond.op == "lt"):
         return None
     diff = ana.simplify(cond.a - cond.b)  # cond: diff < 0
@@ -561,8 +562,6 @@ def _relax(e: PrimExpr, inner: dict[Var, tuple[float, float]], ana: Analyzer) ->
 
 
 def _union(xs: list[PrimExpr], op: str, ana: Analyzer) -> PrimExpr:
-    from .expr import structural_equal
-
     out = xs[0]
     for x in xs[1:]:
         if structural_equal(out, x):

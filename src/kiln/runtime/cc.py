@@ -1,0 +1,237 @@
+"""Drive the system C compiler to produce shared libraries (standard library only).
+
+The functions here follow TVM's ``fcompile`` protocol so that ``export_library`` can take
+either :func:`create_shared` or a :func:`cross_compiler` wrapper:
+
+* ``fcompile(output, files, options=None, **kwargs)`` builds ``output`` from ``files``;
+* ``fcompile.output_format`` is the library extension (``"so"``, ``"tar"`` ...);
+* ``fcompile.object_format`` (optional) is the extension a DSO module should be saved with
+  before compilation (``"o"`` by default, C source modules always save ``"c"``);
+* ``fcompile.get_target_triple`` (optional) returns the compiler's target triple.
+
+Nothing here imports NumPy or any compiler dependency: it is used at deploy time to link
+``.tar`` libraries on the target machine, which is why it is part of the runtime (users know
+it by its TVM name, :mod:`kiln.contrib.cc`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from typing import Any, Callable, Iterable, Sequence
+
+from .errors import CompileError
+
+__all__ = [
+    "get_cc",
+    "create_shared",
+    "create_staticlib",
+    "cross_compiler",
+    "DEFAULT_OPTIONS",
+]
+
+#: Flags every Kiln library is compiled with unless the caller overrides them (later flags win).
+DEFAULT_OPTIONS: tuple[str, ...] = ("-O2", "-fPIC", "-shared", "-std=gnu11")
+_LINK_LIBS: tuple[str, ...] = ("-lm", "-lpthread")
+_C_EXT = {".c"}
+_CXX_EXT = {".cc", ".cpp", ".cxx", ".C"}
+_ASM_EXT = {".s", ".S"}
+
+
+def _include_path() -> str:
+    # Imported here, not at module import, so this file stays usable on its own.
+    from . import include_path
+
+    return include_path()
+
+
+def get_cc() -> str:
+    """Return the C compiler command to use.
+
+    Honours ``$CC`` (which may carry flags, e.g. ``"ccache gcc"``), else the first of
+    ``cc``, ``gcc``, ``clang`` found on ``PATH``.
+
+    Returns
+    -------
+    str
+        A command line prefix; split it with :func:`shlex.split`.
+
+    Raises
+    ------
+    CompileError
+        If no compiler can be found.
+    """
+    env = os.environ.get("CC")
+    if env and env.strip():
+        return env.strip()
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return name
+    raise CompileError("no C compiler found: set $CC or install gcc/clang")
+
+
+def _as_list(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    if isinstance(files, (str, os.PathLike)):
+        return [os.fspath(files)]
+    return [os.fspath(f) for f in files]
+
+
+def _run(cmd: list[str], cwd: str | None) -> None:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except FileNotFoundError as err:
+        raise CompileError(f"compiler not found: {cmd[0]!r} ({err})") from err
+    if proc.returncode != 0:
+        out = proc.stdout.decode("utf-8", "replace")
+        exc = CompileError(
+            f"compilation failed (exit {proc.returncode}): {shlex.join(cmd)}\n{out}"
+        )
+        exc.command = cmd  # type: ignore[attr-defined]
+        exc.stderr = out  # type: ignore[attr-defined]
+        raise exc
+
+
+def create_shared(
+    output: str | os.PathLike,
+    objects: str | os.PathLike | Sequence[str | os.PathLike],
+    options: Sequence[str] | None = None,
+    cc: str | None = None,
+    cwd: str | None = None,
+) -> None:
+    """Compile C / C++ / assembly sources and link objects into one shared library.
+
+    Parameters
+    ----------
+    output : path
+        The shared library to write.
+    objects : path or list of paths
+        ``.c``, ``.cc``/``.cpp``, ``.S``/``.s`` sources and ``.o``/``.a`` inputs.
+    options : list of str, optional
+        Extra flags, appended after the defaults (so ``-O3`` overrides ``-O2``).
+    cc : str, optional
+        Compiler command; defaults to :func:`get_cc`.
+    cwd : str, optional
+        Working directory of the compiler process.
+
+    Raises
+    ------
+    CompileError
+        On any compiler failure; the message carries the command line and the compiler's
+        output, and the exception has ``.command`` and ``.stderr`` attributes.
+    """
+    files = _as_list(objects)
+    compiler = shlex.split(cc) if cc else shlex.split(get_cc())
+    opts = list(options or [])
+    inc = ["-I", _include_path()]
+    cxx = [f for f in files if os.path.splitext(f)[1] in _CXX_EXT]
+    rest = [f for f in files if f not in cxx]
+    extra_objs: list[str] = []
+    if cxx:
+        # C++ needs its own -std; compile those to objects next to the output first.
+        out_dir = os.path.dirname(os.path.abspath(os.fspath(output)))
+        for i, src in enumerate(cxx):
+            obj = os.path.join(out_dir, f".kiln_cxx_{i}_{os.path.basename(src)}.o")
+            _run(compiler + ["-O2", "-fPIC", "-std=c++17", *inc, *opts, "-c", src, "-o", obj], cwd)
+            extra_objs.append(obj)
+    cmd = compiler + list(DEFAULT_OPTIONS) + inc + opts + ["-o", os.fspath(output)]
+    cmd += rest + extra_objs + list(_LINK_LIBS)
+    if cxx:
+        cmd.append("-lstdc++")
+    try:
+        _run(cmd, cwd)
+    finally:
+        for obj in extra_objs:
+            try:
+                os.remove(obj)
+            except OSError:
+                pass
+
+
+create_shared.output_format = "so"  # type: ignore[attr-defined]
+create_shared.object_format = "o"  # type: ignore[attr-defined]
+
+
+def create_staticlib(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], ar: str | None = None) -> None:
+    """Archive object files into a static library with ``ar rcs``.
+
+    Raises
+    ------
+    CompileError
+        If ``ar`` fails or is missing.
+    """
+    tool = ar or os.environ.get("AR") or "ar"
+    _run(shlex.split(tool) + ["rcs", os.fspath(output), *_as_list(inputs)], None)
+
+
+create_staticlib.output_format = "a"  # type: ignore[attr-defined]
+
+
+def _triple_of(compiler: str) -> Callable[[], str | None]:
+    def get_target_triple() -> str | None:
+        try:
+            proc = subprocess.run(
+                shlex.split(compiler) + ["-dumpmachine"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+        except OSError:
+            return None
+        return proc.stdout.decode().strip() or None
+
+    return get_target_triple
+
+
+def cross_compiler(
+    compile_func: str | Callable[..., Any],
+    options: Sequence[str] | None = None,
+    output_format: str | None = None,
+    get_target_triple: Callable[[], str | None] | None = None,
+    add_files: Sequence[str] | None = None,
+) -> Callable[..., None]:
+    """Wrap a compiler (command name or fcompile function) with fixed options and files.
+
+    Parameters
+    ----------
+    compile_func : str or callable
+        A compiler command such as ``"aarch64-linux-gnu-gcc"`` (used through
+        :func:`create_shared`) or an fcompile function.
+    options : list of str, optional
+        Options prepended to the ones given at call time.
+    output_format : str, optional
+        Library extension; defaults to ``compile_func.output_format`` or ``"so"``.
+    get_target_triple : callable, optional
+        Returns the target triple; derived from ``<cc> -dumpmachine`` for command names.
+    add_files : list of str, optional
+        Extra sources/objects added to every build.
+
+    Returns
+    -------
+    callable
+        ``fcompile(output, objects, options=None, **kwargs)`` with ``.output_format``,
+        ``.object_format`` and ``.get_target_triple`` attributes.
+    """
+    base_opts = list(options or [])
+    extra = list(add_files or [])
+    if isinstance(compile_func, str):
+        cc_cmd = compile_func
+
+        def run_compile(output: Any, objects: Any, options: Any = None, **kw: Any) -> None:
+            kw.setdefault("cc", cc_cmd)
+            create_shared(output, objects, options, **kw)
+
+        fmt_default, obj_default = "so", "o"
+        triple: Callable[[], str | None] | None = get_target_triple or _triple_of(cc_cmd)
+    else:
+        run_compile = compile_func
+        fmt_default = getattr(compile_func, "output_format", "so")
+        obj_default = getattr(compile_func, "object_format", "o")
+        triple = get_target_triple or getattr(compile_func, "get_target_triple", None)
+
+    def fcompile(output: Any, objects: Any, options: Sequence[str] | None = None, **kwargs: Any) -> None:
+        all_opts = base_opts + list(options or [])
+        run_compile(output, _as_list(objects) + extra, options=all_opts, **kwargs)
+
+    fcompile.output_format = output_format or fmt_default  # type: ignore[attr-defined]
+    fcompile.object_format = obj_default  # type: ignore[attr-defined]
+    fcompile.get_target_triple = triple  # type: ignore[attr-defined]
+    return fcompile
