@@ -6,10 +6,8 @@ Also: ``kiln run --compare`` reports ONNX Runtime's own refusal of the inputs on
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import struct
-import tarfile
 
 import pytest
 
@@ -18,6 +16,7 @@ from kiln.runtime import blob as _blob
 from kiln.runtime.errors import FormatError
 from tests.cli.cli_support import assert_user_error, kiln
 from tests.fuzz.fuzz_support import CORPUS_DIR
+from tests.runtime.tar_support import read_members, write_tar
 
 MODEL_TAR = CORPUS_DIR / "tar" / "c_model.tar"
 KERNEL = r"""
@@ -26,23 +25,9 @@ KILN_DLL int32_t alpha(KilnValue* a, int32_t* c, int32_t n, KilnValue* rv, int32
 """
 
 
-def _members(path) -> dict[str, bytes]:
-    with tarfile.open(path, "r:") as tf:
-        return {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
-
-
-def _write_tar(path, members: dict[str, bytes]) -> str:
-    with tarfile.open(path, "w") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return str(path)
-
-
 def _with_factory_payload(path, edit) -> str:
     """The model archive with its GraphExecutorFactory payload replaced by ``edit(payload)``."""
-    members = _members(MODEL_TAR)
+    members = read_members(MODEL_TAR)
     raw = bytes(_blob.unpack(members["devc.blob"]))
     entry = next(e for e in _blob.decode(raw).entries if e.type_key == "GraphExecutorFactory")
     old = bytes(entry.payload)
@@ -50,7 +35,7 @@ def _with_factory_payload(path, edit) -> str:
     new = edit(old)
     raw = raw[:at] + struct.pack("<Q", len(new)) + new + raw[at + 8 + len(old):]
     members["devc.blob"] = _blob.pack(raw)
-    return _write_tar(path, members)
+    return write_tar(path, members)
 
 
 def _with_graph_json(path, graph_json: bytes) -> str:
@@ -79,11 +64,11 @@ def _bad_files(d) -> dict[str, str]:
     files["flipped"] = str(d / "flipped.so")
     (d / "gz.tar").write_bytes(gzip.compress(MODEL_TAR.read_bytes(), mtime=0))
     files["gzip"] = str(d / "gz.tar")
-    members = _members(MODEL_TAR)
+    members = read_members(MODEL_TAR)
     man = json.loads(members["kiln_manifest.json"])
     man["options"] = ["-O2", "-Wl,-Map=/tmp/kiln_map.txt"]
     members["kiln_manifest.json"] = json.dumps(man).encode()
-    files["option"] = _write_tar(d / "option.tar", members)
+    files["option"] = write_tar(d / "option.tar", members)
     files["utf8"] = _with_graph_json(d / "utf8.tar", b'{"nodes": "\xff\xfe"}')
     files["nesting"] = _with_graph_json(d / "nesting.tar", b"[" * 100_000 + b"]" * 100_000)
     # bytes after the params: the factory's loader refuses them, so inspect (which parses the

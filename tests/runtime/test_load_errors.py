@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
 import shutil
 import struct
-import tarfile
 
 import pytest
 
@@ -17,6 +15,7 @@ from kiln.contrib import cc
 from kiln.runtime import blob, registry
 from kiln.runtime.errors import FormatError, KilnFileNotFoundError, LoaderNotFoundError
 from kiln.runtime.module import Module
+from tests.runtime.tar_support import write_tar
 
 KERNEL = r"""
 #include <kiln/c_runtime_api.h>
@@ -207,37 +206,28 @@ def test_truncated_elf(tmp_path):
         rt.load_module(str(tmp_path / "obj.so"))
 
 
-def _tar_with(path, members: dict[str, bytes]) -> str:
-    with tarfile.open(path, "w") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return str(path)
-
-
 def test_corrupt_tar(tmp_path):
     garbage = tmp_path / "g.tar"
     garbage.write_bytes(os.urandom(3000))
     with pytest.raises(FormatError, match="not a valid tar archive"):
         rt.load_module(str(garbage))
-    no_manifest = _tar_with(tmp_path / "n.tar", {"lib0.c": KERNEL.encode()})
+    no_manifest = write_tar(tmp_path / "n.tar", {"lib0.c": KERNEL.encode()})
     with pytest.raises(FormatError, match="not a Kiln library archive"):
         rt.load_module(no_manifest)
-    evil = _tar_with(tmp_path / "e.tar", {"../evil.c": b"x"})
+    evil = write_tar(tmp_path / "e.tar", {"../evil.c": b"x"})
     with pytest.raises(FormatError, match="unsafe member name"):
         rt.load_module(evil)
     assert not (tmp_path.parent / "evil.c").exists()
     man = {"format": "kiln-library-tar", "version": 1, "modules": [{"file": "lib0.c"}], "crt": "kiln_crt.c"}
-    missing = _tar_with(tmp_path / "m.tar", {"kiln_manifest.json": json.dumps(man).encode()})
+    missing = write_tar(tmp_path / "m.tar", {"kiln_manifest.json": json.dumps(man).encode()})
     with pytest.raises(FormatError, match="does not contain it"):
         rt.load_module(missing)
-    bad_json = _tar_with(tmp_path / "j.tar", {"kiln_manifest.json": b"{nope"})
+    bad_json = write_tar(tmp_path / "j.tar", {"kiln_manifest.json": b"{nope"})
     with pytest.raises(FormatError, match="not valid JSON"):
         rt.load_module(bad_json)
     man["blob"] = "devc.blob"
     crt = open(rt.crt_source_path(), "rb").read()
-    bad_blob = _tar_with(
+    bad_blob = write_tar(
         tmp_path / "b.tar",
         {"kiln_manifest.json": json.dumps(man).encode(), "lib0.c": KERNEL.encode(), "kiln_crt.c": crt,
          "devc.blob": blob.pack(good_blob()[:-3])},

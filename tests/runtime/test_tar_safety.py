@@ -14,20 +14,12 @@ import kiln.runtime as rt
 from kiln.contrib.tar import untar
 from kiln.runtime.errors import FormatError, InputError
 from kiln.runtime.tar_manifest import is_allowed_option
+from tests.runtime.tar_support import write_tar
 
 KERNEL = r"""
 #include <kiln/c_runtime_api.h>
 KILN_DLL int32_t seven(KilnValue* a, int32_t* c, int32_t n, KilnValue* rv, int32_t* rc, void* h) { return 0; }
 """
-
-
-def _tar_with(path, members: dict[str, bytes]) -> str:
-    with tarfile.open(path, "w") as tf:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return str(path)
 
 
 def _library_tar(path, options: list[str]) -> str:
@@ -36,7 +28,7 @@ def _library_tar(path, options: list[str]) -> str:
            "crt": "kiln_crt.c", "blob": None, "addons": [], "options": options}
     with open(rt.crt_source_path(), "rb") as f:
         crt = f.read()
-    return _tar_with(path, {"lib0.c": KERNEL.encode(), "kiln_crt.c": crt,
+    return write_tar(path, {"lib0.c": KERNEL.encode(), "kiln_crt.c": crt,
                             "kiln_manifest.json": json.dumps(man).encode()})
 
 
@@ -61,7 +53,7 @@ def test_gzip_bomb_is_refused_before_decompression(tmp_path):
 
 
 def test_member_count_cap_is_enforced_before_extraction(tmp_path, monkeypatch):
-    arch = _tar_with(tmp_path / "many.tar", {f"f{i}.c": b"x" for i in range(6)})
+    arch = write_tar(tmp_path / "many.tar", {f"f{i}.c": b"x" for i in range(6)})
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.setenv("KILN_TAR_MAX_MEMBERS", "5")
@@ -73,7 +65,7 @@ def test_member_count_cap_is_enforced_before_extraction(tmp_path, monkeypatch):
 
 
 def test_total_size_cap_is_enforced_before_extraction(tmp_path, monkeypatch):
-    arch = _tar_with(tmp_path / "big.tar", {"a.c": b"a" * 600, "b.c": b"b" * 600})
+    arch = write_tar(tmp_path / "big.tar", {"a.c": b"a" * 600, "b.c": b"b" * 600})
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.setenv("KILN_TAR_MAX_BYTES", "1000")
@@ -170,7 +162,7 @@ def test_manifest_file_names_are_checked(tmp_path, field, value, match):
     man[field] = value
     members["kiln_manifest.json"] = json.dumps(man).encode()
     with pytest.raises(FormatError, match=match):
-        rt.load_module(_tar_with(tmp_path / "bad.tar", members))
+        rt.load_module(write_tar(tmp_path / "bad.tar", members))
 
 
 def _with_size_field(src: str, dst, field: bytes) -> str:
@@ -187,6 +179,6 @@ def _with_size_field(src: str, dst, field: bytes) -> str:
 @pytest.mark.parametrize("field", [b"77777777777\0", b"\x80" + b"\xff" * 11], ids=["octal-8GiB", "base256-huge"])
 def test_member_size_past_the_end_is_a_format_error(tmp_path, field):
     # Found by tests/fuzz/test_fuzz_tar.py: a huge size made tarfile raise a bare ValueError.
-    arch = _with_size_field(_tar_with(tmp_path / "a.tar", {"a.c": b"x", "b.c": b"y"}), tmp_path / "big.tar", field)
+    arch = _with_size_field(write_tar(tmp_path / "a.tar", {"a.c": b"x", "b.c": b"y"}), tmp_path / "big.tar", field)
     with pytest.raises(FormatError, match="past the end of the archive|not a valid tar archive"):
         untar(arch, tmp_path)
