@@ -256,6 +256,36 @@ def _gather_elements(ctx: Context, node, ins, attrs):
                      axis=ctx.axis(attrs.get("axis", 0), x.type.ndim))
 
 
+@onnx_op("GatherND")
+def _gather_nd(ctx: Context, node, ins, attrs):
+    x, idx = ins
+    return ctx.emit1("gather_nd", x, idx, batch_dims=int(attrs.get("batch_dims", 0)))
+
+
+@onnx_op("ScatterElements", "Scatter")
+def _scatter_elements(ctx: Context, node, ins, attrs):
+    x, idx, upd = ins
+    return ctx.emit1("scatter_elements", x, idx, upd, axis=ctx.axis(attrs.get("axis", 0), x.type.ndim),
+                     reduction=attrs.get("reduction", "none"))
+
+
+@onnx_op("ScatterND")
+def _scatter_nd(ctx: Context, node, ins, attrs):
+    x, idx, upd = ins
+    return ctx.emit1("scatter_nd", x, idx, upd, reduction=attrs.get("reduction", "none"))
+
+
+@onnx_op("OneHot")
+def _one_hot(ctx: Context, node, ins, attrs):
+    idx, depth, values = ins
+    d = ctx.static(depth, "depth")
+    if d.size != 1:
+        raise ctx.bad(f"input 'depth' must be a scalar or a one-element tensor, got shape {d.shape}")
+    # ONNX: a non-integer depth is rounded toward zero
+    return ctx.emit1("one_hot", idx, values, depth=int(d.reshape(-1)[0]),
+                     axis=ctx.axis(attrs.get("axis", -1), idx.type.ndim + 1))
+
+
 @onnx_op("Expand")
 def _expand(ctx: Context, node, ins, attrs):
     from ...ir.ops._util import broadcast_shapes
