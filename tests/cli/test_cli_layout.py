@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from tests.runtime.test_runtime_isolation import BLOCKED
+from tests.runtime.import_blocker import COMPILER_SIDE as BLOCKED
+from tests.runtime.import_blocker import blocker_prelude
 
 
 def _python(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -34,18 +35,8 @@ def test_kiln_cli_is_an_attribute_of_kiln_loaded_on_first_use(tmp_path):
     assert "kiln: error:" in proc.stderr and "missing.so" in proc.stderr
 
 
-DEPLOY_ONLY = textwrap.dedent(
+DEPLOY_ONLY = blocker_prelude(BLOCKED) + textwrap.dedent(
     """
-    import sys
-    BLOCKED = {blocked!r}
-
-    class Blocker:
-        def find_spec(self, name, path=None, target=None):
-            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-                raise ImportError(f"{{name}} is blocked for this test")
-            return None
-
-    sys.meta_path.insert(0, Blocker())
     import importlib, pkgutil
     import kiln.cli
     for info in pkgutil.iter_modules(kiln.cli.__path__):
@@ -60,7 +51,7 @@ DEPLOY_ONLY = textwrap.dedent(
     assert not leaked, leaked
     print("DEPLOY-ONLY OK")
     """
-).format(blocked=BLOCKED)
+)
 
 
 def test_runtime_commands_need_no_compiler(tmp_path):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+import tracemalloc
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -214,3 +215,13 @@ def assert_only_kiln_errors(fn: Callable[[bytes], Any], data: bytes) -> Any:
             f"{getattr(fn, '__qualname__', fn)} raised {type(exc).__name__}: {exc} "
             f"(input {len(data)} bytes, head {head}) -- expected success or a KilnError"
         ) from exc
+
+
+def peak_traced_bytes(fn: Callable[..., Any], *args: Any) -> int:
+    """Peak Python heap bytes (``tracemalloc``) while ``fn(*args)`` runs; its exceptions propagate."""
+    tracemalloc.start()
+    try:
+        fn(*args)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

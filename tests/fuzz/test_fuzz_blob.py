@@ -11,7 +11,6 @@ with a stand-in for the compiled library, so no native code runs.
 from __future__ import annotations
 
 import struct
-import tracemalloc
 from typing import Any, Callable
 
 import pytest
@@ -23,7 +22,7 @@ from kiln.runtime.module import Module
 from kiln.runtime.registry import get_payload_describer
 
 from tests.fuzz.fuzz_support import (
-    CORPUS_DIR, FUZZ_EXAMPLES, FUZZ_SETTINGS, assert_only_kiln_errors, load_corpus, mutated,
+    CORPUS_DIR, FUZZ_EXAMPLES, FUZZ_SETTINGS, assert_only_kiln_errors, load_corpus, mutated, peak_traced_bytes,
 )
 
 SEEDS = [blob.pack(b) for b in load_corpus("blob")]  # the section content, header included
@@ -111,13 +110,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("section", HOSTILE.values(), ids=list(HOSTILE))
 def test_hostile_sizes_fail_fast_without_allocating(section):
-    tracemalloc.start()
-    try:
-        with pytest.raises(FormatError):
-            _load(section)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_traced_bytes(lambda: pytest.raises(FormatError, _load, section))
     assert peak < 64 * 1024, f"peak {peak} bytes while rejecting a {len(section)}-byte blob"
 
 
@@ -125,12 +118,7 @@ def test_hostile_sizes_fail_fast_without_allocating(section):
 @given(mutated(SEEDS))
 def test_fuzz_allocation_bounded_by_input(section):
     # Payloads are copied out of the section once, so a few times its size bounds any load.
-    tracemalloc.start()
-    try:
-        assert_only_kiln_errors(_load_checked, section)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_traced_bytes(assert_only_kiln_errors, _load_checked, section)
     assert peak < 4 * len(section) + 512 * 1024, f"peak {peak} bytes for a {len(section)}-byte blob"
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -19,7 +18,14 @@ from kiln.runtime import load_param_dict, load_param_dict_from_file, save_param_
 from kiln.runtime.errors import FormatError
 from kiln.runtime.params import PARAMS_LIST_MAGIC, TENSOR_MAGIC
 
-from tests.fuzz.fuzz_support import FUZZ_EXAMPLES, FUZZ_SETTINGS, assert_only_kiln_errors, load_corpus, mutated
+from tests.fuzz.fuzz_support import (
+    FUZZ_EXAMPLES,
+    FUZZ_SETTINGS,
+    assert_only_kiln_errors,
+    load_corpus,
+    mutated,
+    peak_traced_bytes,
+)
 
 SEEDS = load_corpus("params")
 
@@ -94,13 +100,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("data", HOSTILE.values(), ids=list(HOSTILE))
 def test_hostile_sizes_fail_fast_without_allocating(data):
-    tracemalloc.start()
-    try:
-        with pytest.raises(FormatError):
-            load_param_dict(data)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_traced_bytes(lambda: pytest.raises(FormatError, load_param_dict, data))
     # Parsing a ~100-byte header legitimately needs a few KiB (exception text, tuples); a
     # loader that trusted a declared size would allocate gigabytes or raise MemoryError.
     assert peak < 64 * 1024, f"peak {peak} bytes while rejecting a {len(data)}-byte input"
@@ -111,12 +111,7 @@ def test_hostile_sizes_fail_fast_without_allocating(data):
 def test_fuzz_allocation_bounded_by_input(data):
     # Whatever a mutated file declares, loading it may allocate at most about its own size
     # (tensor data is copied once, into the result) plus a fixed overhead.
-    tracemalloc.start()
-    try:
-        assert_only_kiln_errors(load_param_dict, data)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_traced_bytes(assert_only_kiln_errors, load_param_dict, data)
     assert peak < 2 * len(data) + 256 * 1024, f"peak {peak} bytes for a {len(data)}-byte input"
 
 

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import kiln.runtime as rt
+from tests.runtime.import_blocker import COMPILER_SIDE, blocker_prelude
 
 KERNEL = r"""
 #include <kiln/c_runtime_api.h>
@@ -20,30 +21,17 @@ KILN_DLL int32_t add_one(KilnValue* args, int32_t* codes, int32_t n, KilnValue* 
 }
 """
 
-BLOCKED = [
-    "onnx", "llvmlite", "onnxruntime", "kiln.ir", "kiln.frontend", "kiln.transform", "kiln.te",
-    "kiln.tir", "kiln.topi", "kiln.codegen", "kiln.target", "kiln.driver",
-]
+BLOCKED = COMPILER_SIDE
 
-SCRIPT = textwrap.dedent(
+SCRIPT = blocker_prelude(BLOCKED) + textwrap.dedent(
     """
-    import sys
-    BLOCKED = {blocked!r}
-
-    class Blocker:
-        def find_spec(self, name, path=None, target=None):
-            if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-                raise ImportError(f"{{name}} is blocked for this test")
-            return None
-
-    sys.meta_path.insert(0, Blocker())
     for b in BLOCKED:
         try:
             __import__(b)
         except ImportError:
             pass
         else:
-            raise SystemExit(f"blocker failed for {{b}}")
+            raise SystemExit(f"blocker failed for {b}")
 
     import numpy as np
     import kiln
@@ -58,7 +46,7 @@ SCRIPT = textwrap.dedent(
     assert not leaked, leaked
     print("ISOLATED OK")
     """
-).format(blocked=BLOCKED)
+)
 
 
 def test_load_and_run_without_compiler_dependencies(tmp_path):
