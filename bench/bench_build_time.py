@@ -34,6 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 
+def _hits(stats: dict[str, Any]) -> str:
+    return f"{stats.get('hits')} / {stats.get('misses')}"
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -148,14 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = [["`import kiln` (+ frontend)"] + [f"{r['import_kiln_s']:.2f}" for r in runs.values()],
             ["from_onnx"] + [f"{r['from_onnx_s']:.2f}" for r in runs.values()],
             ["**kiln.build**"] + [f"**{r['build_s']:.2f}**" for r in runs.values()]]
-    rows += [[f"  build: {k}"] + [f"{r['stages'].get(k, float('nan')):.2f}" for r in runs.values()] for k in stage_names]
+    rows += [[f"  build: {k}"] + [f"{r['stages'].get(k, float('nan')):.2f}" for r in runs.values()]
+             for k in stage_names]
     rows += [["**export_library**"] + [f"**{r['export_s']:.2f}**" for r in runs.values()],
              ["**build + export**"] + [f"**{r['build_s'] + r['export_s']:.2f}**" for r in runs.values()],
              ["load_module"] + [f"{r['load_s']:.2f}" for r in runs.values()],
              ["whole process (wall)"] + [f"{r['process_wall_s']:.2f}" for r in runs.values()],
-             ["codegen cache hits / misses (build)"] + [f"{r['build_cache'].get('hits')} / {r['build_cache'].get('misses')}" for r in runs.values()],
-             ["codegen cache hits / misses (build+export)"] + [f"{r['total_cache'].get('hits')} / {r['total_cache'].get('misses')}" for r in runs.values()],
-             ["other processes' load (cores)"] + [f"{r['foreign_cores']:.2f}" if r.get("foreign_cores") is not None else "?" for r in runs.values()]]
+             ["codegen cache hits / misses (build)"] + [_hits(r["build_cache"]) for r in runs.values()],
+             ["codegen cache hits / misses (build+export)"] + [_hits(r["total_cache"]) for r in runs.values()],
+             ["other processes' load (cores)"] + [f"{r['foreign_cores']:.2f}" if r.get("foreign_cores") is not None
+                                                  else "?" for r in runs.values()]]
     k = runs["uncached"]["kernels"]
     text = common.md_table(head, rows, align="lrr")
     text += (f"\n\nSeconds. {args.model}: {k.get('num_kernel_calls')} kernel calls, {k.get('num_functions')} distinct "

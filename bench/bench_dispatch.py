@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
             feed = {"x": x}
             np.testing.assert_allclose(sess.run(None, feed)[0], want)
-            results[label] = median_time_per_call(lambda: sess.run(None, feed), args.rounds, args.round_ms)
+            results[label] = median_time_per_call(lambda s=sess, f=feed: s.run(None, f), args.rounds, args.round_ms)
 
     # ---- report ------------------------------------------------------------------------------------
     print(f"dispatch benchmark: chain of {n} x add-one on float32[{SHAPE[0]}], single thread")

@@ -119,7 +119,7 @@ def worker(args: argparse.Namespace, threads: int) -> dict[str, Any]:
                 row["error"] = f"{type(e).__name__}: {e}"
                 log(f"[matmul {tag} {threads}T] kiln FAILED: {row['error']}")
                 kiln_fn = None
-            engines = [common.Engine("numpy", lambda: a @ b)]
+            engines = [common.Engine("numpy", lambda a=a, b=b: a @ b)]
             if kiln_fn is not None:
                 engines.append(common.Engine("kiln", kiln_fn))
             info: dict[str, Any] = {}
@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             f"- Versions: {common.versions_line(info['versions'])}",
             f"- Target: `{args.target}`; rounds {args.rounds}; one subprocess per thread count",
             "", text])
-        common.replace_section(common.BENCH_DIR / "RESULTS.md", "bench_matmul", body, "Matmul kernels (`bench_matmul.py`)")
+        common.replace_section(common.BENCH_DIR / "RESULTS.md", "bench_matmul", body,
+                               "Matmul kernels (`bench_matmul.py`)")
         log("updated bench/RESULTS.md")
     return 0
 

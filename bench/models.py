@@ -150,6 +150,50 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+# ----------------------------------------------------------------------------- DenseNet-121
+
+
+class DenseLayer(nn.Module):
+    """BN-ReLU-1x1 (4·growth) then BN-ReLU-3x3 (growth); the output is concatenated to the input."""
+
+    def __init__(self, cin: int, growth: int, bottleneck: int = 4):
+        super().__init__()
+        mid = bottleneck * growth
+        self.body = nn.Sequential(
+            nn.BatchNorm2d(cin), nn.ReLU(inplace=True), nn.Conv2d(cin, mid, 1, bias=False),
+            nn.BatchNorm2d(mid), nn.ReLU(inplace=True), nn.Conv2d(mid, growth, 3, padding=1, bias=False),
+        )
+
+    def forward(self, x):
+        return torch.cat([x, self.body(x)], 1)
+
+
+class DenseNet(nn.Module):
+    """DenseNet-BC (121: blocks 6/12/24/16, growth 32, 64 stem channels), ImageNet head."""
+
+    def __init__(self, blocks: tuple[int, ...] = (6, 12, 24, 16), growth: int = 32, stem: int = 64,
+                 num_classes: int = 1000):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, stem, 7, 2, 3, bias=False), nn.BatchNorm2d(stem),
+                                   nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+        c = stem
+        for bi, n in enumerate(blocks):
+            for _ in range(n):
+                layers.append(DenseLayer(c, growth))
+                c += growth
+            if bi != len(blocks) - 1:  # transition: halve channels and resolution
+                layers += [nn.BatchNorm2d(c), nn.ReLU(inplace=True), nn.Conv2d(c, c // 2, 1, bias=False),
+                           nn.AvgPool2d(2, 2)]
+                c //= 2
+        layers += [nn.BatchNorm2d(c), nn.ReLU(inplace=True)]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(c, num_classes)
+
+    def forward(self, x):
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
 def _randomize_bn(model: nn.Module, seed: int) -> nn.Module:
     """Give BatchNorm layers non-trivial statistics so that BN folding is really exercised."""
     g = torch.Generator().manual_seed(seed)
@@ -280,6 +324,7 @@ def model_specs() -> dict[str, dict]:
         "resnet50": {"build": lambda: _randomize_bn(_seeded(ResNet, Bottleneck, [3, 4, 6, 3]), 2),
                      "inputs": {"data": img}},
         "mobilenetv2": {"build": lambda: _randomize_bn(_seeded(MobileNetV2), 3), "inputs": {"data": img}},
+        "densenet121": {"build": lambda: _randomize_bn(_seeded(DenseNet), 4), "inputs": {"data": img}},
         "minilm": {"build": load_minilm, "inputs": {"input_ids": ids, "attention_mask": mask}},
     }
 

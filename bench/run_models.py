@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -237,7 +236,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                         tuning_log=args.tuning_log)
         ktr = KilnRunner(bt.pop("loaded"), inputs)
         res["build_tuned"] = bt
-        log(f"[{name}] kiln_tuned: built with {args.tuning_log} ({bt.get('stats', {}).get('tuned_kernels')} tuned kernels)")
+        tuned = bt.get("stats", {}).get("tuned_kernels")
+        log(f"[{name}] kiln_tuned: built with {args.tuning_log} ({tuned} tuned kernels)")
 
     for n in threads:
         log(f"[{name}] threads={n}")

@@ -12,7 +12,12 @@ import kiln.driver
 from kiln.autotune import apply_history_best, best_configs, extract_tasks, load_records, target_key, tune
 from kiln.autotune.log import TuningRecord, append_records
 from kiln.autotune.space import KNOB_SPACES, DispatchContext, current_config, workload_key
+from kiln.topi.knobs import knob_space
+from kiln.transform.alter_layout import choose_out_block
 from kiln.autotune.tuner import _close
+from kiln.target import Target, isa_of
+from kiln.topi.nn.dense import dense_panel_width
+from kiln.topi.schedule.x86 import gemm_register_tile
 from kiln.runtime.errors import InputError
 
 TARGET = "llvm"
@@ -64,7 +69,10 @@ def test_current_config_defaults_without_context():
         assert current_config("dense", other, {"mt": 6, "nt": 16}) == {"mt": 6, "nt": 16}
     assert ctx.applied == {wl} and ctx.hits == 1
     assert current_config("dense", wl, {"mt": 6}) == {"mt": 6}
-    assert len(KNOB_SPACES["dense"]) == 32
+    # KNOB_SPACES is the no-target (x86-64-v3, 16 ymm) space: nt one to four 8-lane vectors,
+    # mt up to 12 (12 accumulators + one B vector + one broadcast fill 16 registers)
+    assert KNOB_SPACES["dense"] == knob_space("dense", "llvm -mcpu=x86-64-v3")
+    assert dict(KNOB_SPACES["dense"].knobs) == {"mt": tuple(range(1, 13)), "nt": (8, 16, 24, 32)}
 
 
 def test_default_path_unchanged_with_empty_log(tiny_graph, tmp_path):
@@ -85,7 +93,10 @@ def test_tasks_and_tune_writes_valid_records(tiny_graph, tmp_path):
     assert sorted(t.kind for t in tasks) == ["conv2d_nchwc", "dense"]
     dense = next(t for t in tasks if t.kind == "dense")
     assert dense.workload == ("dense", (4, 2304), (32, 2304), "float32")
-    assert dense.defaults == {"nt": 16, "mt": 6}
+    # the packed panel is as wide as the target's register tile; the rows are what fits beside it
+    isa = isa_of(Target(TARGET))
+    mt, nt = gemm_register_tile(isa, nt=dense_panel_width(isa, n=32))
+    assert dense.defaults == {"nt": nt, "mt": mt}
     log = tmp_path / "t.jsonl"
     results = tune(g, params, TARGET, log_file=str(log), trials=3, number=2, repeat=2, min_repeat_ms=1, confirm=1)
     lines = [json.loads(s) for s in log.read_text().splitlines()]
@@ -150,11 +161,13 @@ def test_layout_block_knob(tiny_graph):
     g, params = tiny_graph
     base = kiln.driver.lower(g, TARGET, params)
     wl = workload_key("conv2d_layout", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32")
-    with DispatchContext({wl: {"ob": 8}}) as ctx:
+    # the default block is the layout rule's for the target's ISA (plain llvm: SSE2, 2 x 4 lanes)
+    default = choose_out_block(16, 12, isa_of(TARGET))
+    with DispatchContext({wl: {"ob": 4 if default != 4 else 8}}) as ctx:
         low = kiln.driver.lower(g, TARGET, params)
     assert ctx.applied == {wl}
     obs = {t.workload[3][-1] for t in extract_tasks(g, params, TARGET, kinds=["conv2d_nchwc"])}
-    assert obs == {16}  # default block without the context
+    assert obs == {default}  # default block without the context
     text = "\n".join(str(f) for f in low.funcs)
     assert text != "\n".join(str(f) for f in base.funcs)
     assert "conv2d_nchwc" in text

@@ -9,6 +9,10 @@ import sys
 
 import pytest
 
+from kiln.target import Target, isa_of
+from kiln.topi.nn.dense import dense_panel_width
+from kiln.topi.schedule.x86 import gemm_register_tile
+
 
 def kiln(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, KILN_NUM_THREADS="1")
@@ -27,7 +31,9 @@ def test_tune_cli_writes_log_and_table(tuned_log):
     p, log = tuned_log
     assert p.returncode == 0, p.stderr
     assert "1 tasks for llvm" in p.stderr
-    assert "[task 1/1 dense] trial 1/2 nt=16,mt=6 (default):" in p.stderr
+    isa = isa_of(Target("llvm"))  # the register tile of plain llvm beside its packed panel (N = 32)
+    mt, nt = gemm_register_tile(isa, nt=dense_panel_width(isa, n=32))
+    assert f"[task 1/1 dense] trial 1/2 nt={nt},mt={mt} (default):" in p.stderr
     head = p.stdout.splitlines()[0].split()
     assert head[:6] == ["#", "kind", "calls", "default", "ms", "best"]
     row = p.stdout.splitlines()[1].split()

@@ -18,6 +18,7 @@ from kiln import codegen, te, tir
 from kiln.codegen.c import target_vector_bytes
 from kiln.target import Target
 from kiln.tir.unswitch import unswitch_loops
+from tests.codegen.asm_support import hot_loop
 from kiln.tir.vectorize import chunk_lanes
 from kiln.topi.nn.dense import TAG_DENSE, TAG_MATMUL, dense, matmul
 from kiln.topi.schedule import x86
@@ -54,7 +55,8 @@ def test_vector_math_accuracy(target: str) -> None:
     outs = []
     for vec in (True, False):
         for fn in _REF:
-            outs.append(te.compute((n,), lambda i, f=getattr(te, fn): f(A[i]), name=f"{fn}_{'v' if vec else 's'}"))
+            op = getattr(te, fn)
+            outs.append(te.compute((n,), lambda i, f=op: f(A[i]), name=f"{fn}_{'v' if vec else 's'}"))
     s = te.create_schedule(outs)
     for o in outs[: len(_REF)]:
         _, xi = s[o].split(o.op.axis[0], factor=16)
@@ -68,7 +70,8 @@ def test_vector_math_accuracy(target: str) -> None:
             ref = ref_fn(x64)
             ref32 = ref.astype(np.float32).astype(np.float64)
             assert np.array_equal(np.isnan(y), np.isnan(ref)), name
-            assert np.array_equal(np.isinf(y), np.isinf(ref32)) and np.array_equal(y[np.isinf(y)], ref32[np.isinf(y)]), name
+            inf = np.isinf(y)
+            assert np.array_equal(inf, np.isinf(ref32)) and np.array_equal(y[inf], ref32[inf]), name
             normal = np.isfinite(ref32) & (np.abs(ref) > 1e-37)
             rel = np.abs(y[normal] - ref[normal]) / np.abs(ref[normal])
             assert rel.max() <= 3e-7, f"{name}: max rel error {rel.max():.3g} at x={_X[normal][rel.argmax()]!r}"
@@ -81,19 +84,19 @@ def _simd_kernels():
     n = 45  # 5 full 8-lane vectors + a 4 + 1 remainder; split by 16 leaves a tail of 13
     A = te.placeholder((n,), name="A")
     B = te.placeholder((n,), name="B")
-    I = te.placeholder((n,), name="I", dtype="int32")
+    Idx = te.placeholder((n,), name="I", dtype="int32")
     D = te.placeholder((n,), name="D", dtype="float64")
     outs = [
         # contiguous loads, broadcast scalar, loop variable in the value (ramp), NaN-propagating max
         te.compute((n,), lambda i: te.maximum(A[i] * 2.0 + B[i], te.cast(i, "float32") * 0.25), name="arith"),
         # gather (reversed index), select without loads, int -> float cast
-        te.compute((n,), lambda i: te.if_then_else(A[n - 1 - i] > 0.0, te.cast(I[i], "float32"), B[i]),
+        te.compute((n,), lambda i: te.if_then_else(A[n - 1 - i] > 0.0, te.cast(Idx[i], "float32"), B[i]),
                    name="gather_sel"),
         # guarded load (select with a load: must not be evaluated out of range)
         te.compute((n,), lambda i: te.if_then_else(i + 3 < n, A[te.minimum(i + 3, n - 1)], -1.0), name="guarded"),
         # float64 (4 lanes on AVX2) and int32 arithmetic
         te.compute((n,), lambda i: D[i] * D[i] - 1.5, name="f64"),
-        te.compute((n,), lambda i: te.maximum(I[i] * 3 - i, te.const(-7, "int32")), name="i32"),
+        te.compute((n,), lambda i: te.maximum(Idx[i] * 3 - i, te.const(-7, "int32")), name="i32"),
     ]
     s = te.create_schedule(outs)
     for o in outs[:3]:
@@ -101,7 +104,7 @@ def _simd_kernels():
         s[o].vectorize(xi)
     for o in outs[3:]:
         s[o].vectorize(o.op.axis[0])
-    f = tir.lower(s, [A, B, I, D, *outs], "simd")
+    f = tir.lower(s, [A, B, Idx, D, *outs], "simd")
     return f, n
 
 
@@ -222,16 +225,7 @@ def test_gemm_inner_loop_is_fma_on_ymm() -> None:
     assert len(fma_lines) >= 12, asm
     # the loop holding the FMAs (label .. backward jump to it) must not touch the stack:
     # accumulators stay in registers
-    lines = asm.splitlines()
-    loops = []
-    for i, ln in enumerate(lines):
-        m = re.match(r"(\.LBB\S+):", ln)
-        if m:
-            for j in range(i + 1, len(lines)):
-                if re.match(rf"\s+j\w+\s+{re.escape(m.group(1))}$", lines[j]):
-                    loops.append("\n".join(lines[i:j + 1]))
-                    break
-    hot = max(loops, key=lambda blk: blk.count("vfmadd231ps"))
+    hot = hot_loop(asm, "vfmadd231ps")
     assert hot.count("vfmadd231ps") >= 12, hot
     assert "(%rsp)" not in hot and "(%rbp)" not in hot, hot
 

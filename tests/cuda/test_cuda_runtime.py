@@ -193,7 +193,8 @@ def test_import_is_lazy_and_keeps_the_runtime_isolated() -> None:
         "from kiln.runtime import cuda_api as c\n"
         "assert c.opened_driver() is None\n"
         "assert str(rt.cuda(1)) == 'cuda(1)' and str(kiln.cuda()) == 'cuda(0)'\n"
-        "bad = [m for m in sys.modules if m.startswith(('kiln.codegen', 'kiln.target', 'kiln.tir', 'llvmlite', 'onnx'))]\n"
+        "bad = [m for m in sys.modules\n"
+        "       if m.startswith(('kiln.codegen', 'kiln.target', 'kiln.tir', 'llvmlite', 'onnx'))]\n"
         "assert not bad, bad\n"
         "print('LAZY OK')\n"
     )

@@ -28,7 +28,7 @@ def test_progress_reports_every_stage_in_order_and_each_group() -> None:
     ends = [s for s, e, _ in events if e == "end"]
     assert starts == ["passes", "fuse", "lower", "codegen+compile", "graph_codegen", "factory"]
     assert ends == starts
-    for s, e, info in events:
+    for _stage, e, info in events:
         if e == "end":
             assert info["seconds"] >= 0.0
     # every start is closed before the next stage starts

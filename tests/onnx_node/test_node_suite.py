@@ -4,6 +4,12 @@ One test per case in ``included_cases.INCLUDED`` (every case Kiln passed in the 
 ``tools/op_coverage.py`` run, so a failure here is a regression). Each case prepares the model
 with ``KilnBackend.prepare``, runs every data set and compares with the suite's expected outputs
 and tolerances (``Runner.assert_similar_outputs``).
+
+Cases are compiled in batches (see ``batching.py``): the first test of a batch builds one model
+holding all of its cases and records which of them matched; the others only read their verdict.
+A case that did not pass in its batch is run alone by its own test, exactly as without batching,
+so a failure names the case and shows the same mismatch. ``KILN_NODE_SUITE_BATCH=0`` turns
+batching off (every case built alone); ``KILN_NODE_SUITE_BATCH=N`` sets the batch size.
 """
 
 from __future__ import annotations
@@ -22,14 +28,12 @@ def _params():
 
 @pytest.mark.parametrize("name", list(_params()))
 def test_node(name, node_suite_cases, request):
-    from kiln.frontend.onnx_backend import KilnBackend
-
     if name in SLOW and not node_cases.run_slow(request.config):
         pytest.skip("slow case left out by KILN_NODE_SUITE_FAST=1 / -m \"not slow\"")
-    case = node_suite_cases.get(name)
-    if case is None:
+    if node_suite_cases.get(name) is None:
         pytest.skip(f"{name} is not in this onnx version's node suite")
-    node_cases.run_case(case, KilnBackend)
+    # (requested here, after the skips, so a run that skips every case never plans batches)
+    request.getfixturevalue("node_batch_runner").check(name)
 
 
 def test_every_op_has_a_default_case():

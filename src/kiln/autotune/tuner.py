@@ -22,7 +22,7 @@ import numpy as np
 
 from ..runtime.errors import InputError
 from ..topi.tuning_log import TuningRecord, append_records
-from ..topi.knobs import KNOB_SPACES, TUNABLE_KINDS, DispatchContext, target_key
+from ..topi.knobs import TUNABLE_KINDS, DispatchContext, knob_space, target_key
 
 __all__ = ["TuneTask", "TuneResult", "extract_tasks", "tune", "workload_flops"]
 
@@ -127,11 +127,12 @@ class _Groups:
         return f"{len(self.groups)} group(s)"
 
 
-def _prepare(mod: Any, params: Mapping[str, Any] | None, opt_level: int) -> Any:
+def _prepare(mod: Any, params: Mapping[str, Any] | None, opt_level: int, target: Any) -> Any:
     from ..driver.build import _check_graph, optimize
     from ..transform.fuse import fuse_ops
 
-    return fuse_ops(optimize(_check_graph(mod), params, opt_level), opt_level=opt_level)
+    # the same graph the build of this target lowers (its conv layout blocks depend on the ISA)
+    return fuse_ops(optimize(_check_graph(mod), params, opt_level, target=target), opt_level=opt_level)
 
 
 def extract_tasks(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm",
@@ -159,7 +160,7 @@ def extract_tasks(mod: Any, params: Mapping[str, Any] | None = None, target: Any
         if k not in TUNABLE_KINDS:
             raise InputError(f"unknown task kind {k!r}: expected some of {', '.join(TUNABLE_KINDS)}")
     tgt = _as_target(target)
-    fused = _prepare(mod, params, opt_level)
+    fused = _prepare(mod, params, opt_level, tgt)
     ctx = DispatchContext(target=target_key(tgt), record=True)
     tasks: dict[tuple, TuneTask] = {}
     seen = {"n": 0}
@@ -329,7 +330,7 @@ def tune(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm"
     nrng = np.random.default_rng(seed)
     results: list[TuneResult] = []
     for ti, task in enumerate(tasks):
-        space = KNOB_SPACES[task.kind]
+        space = knob_space(task.kind, tgt)
         defaults = dict(task.defaults)
         cands = [defaults] + space.sample(trials - 1, rng, exclude=[defaults],
                                           valid=lambda c, t=task, d=defaults: _valid_config(t, c) and _differs(t, c, d))

@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="the ONNX model (.onnx)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="library to write: OUT.so or OUT.tar")
     add_target_option(p, f"compilation target (default '{DEFAULT_CLI_TARGET}': tuned for this machine's CPU; "
-                      "plain 'llvm' or 'c' for a portable x86-64 baseline, 'llvm -mcpu=skylake', ...)")
+                      "plain 'llvm' for the portable baseline of the triple (x86-64: SSE2), "
+                      "'c' for C compiled with -march=native (this machine), "
+                      "'llvm -mcpu=skylake-avx512', ...)")
     add_input_shape_option(p, "fix an input's shape, e.g. data:1,3,224,224 (repeatable; needed for dynamic dims)")
     p.add_argument("--opt-level", type=int, default=3, choices=range(0, 4), metavar="N",
                    help="0 no fusion/folding, 1 fusion, 2-3 everything (default 3)")

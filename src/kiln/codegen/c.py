@@ -30,10 +30,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
+from ..target.isa import isa_of
 from ..tir.dtype import bits_of, dl_code, is_bool, is_float
 from ..tir.expr import BinaryOp, Call, Cast, IntImm, Load, Not, PrimExpr, Select, Var
-from ..tir.functor import collect_vars, post_order_visit
-from ..tir.stmt import Allocate, Buffer, BufferStore, For, LetStmt, PrimFunc
+from ..tir.functor import collect_vars, loop_closure, post_order_visit
+from ..tir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc
 from ..tir.unswitch import unswitch_loops
 from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in
 from .c_prelude import C_PRELUDE, C_PRELUDE_END
@@ -428,25 +429,8 @@ class CCodeGen(CStylePrinter):
         st = self._st
         lam = f"{st.fname}_compute_{st.n_lambda}"
         st.n_lambda += 1
-        # free variables: scalars bound outside, and buffers declared outside
-        inner_defined: set[int] = set()
-        bufs_used: dict[int, Buffer] = {}
-
-        def visit(n: Any) -> None:
-            if isinstance(n, For):
-                inner_defined.add(id(n.loop_var))
-            elif isinstance(n, LetStmt):
-                inner_defined.add(id(n.var))
-            elif isinstance(n, Allocate):
-                inner_defined.add(id(n.buffer.data))
-            elif isinstance(n, (Load, BufferStore)):
-                bufs_used[id(n.buffer.data)] = n.buffer
-
-        post_order_visit(s.body, visit)
-        scalars = [v for v in collect_vars(s.body) if v.dtype != "handle" and id(v) not in inner_defined
-                   and v is not s.loop_var]
+        bufs, scalars = loop_closure(s)  # what the outlined body needs from outside
         scalars.sort(key=lambda v: self._name(v))
-        bufs = [b for k, b in bufs_used.items() if k not in inner_defined]
         bufs.sort(key=lambda b: self._buf_name(b))
         members = [(f"{self.d.type_name(b.dtype)}*", self._buf_name(b)) for b in bufs]
         members += [(self.d.value_type(v.dtype), self._name(v)) for v in scalars]
@@ -584,52 +568,17 @@ class _CMathEmitter:
 def target_vector_bytes(target: Any) -> int:
     """SIMD register width (bytes) the codegens vectorize for; 0 disables explicit SIMD.
 
-    From ``-mattr`` (``+avx512f`` → 64, ``+avx``/``+avx2`` → 32), else ``-mcpu`` (``native`` or
-    no ``-mcpu`` and no ``-mtriple`` on a C target: the host's CPU flags), else 16 (the SSE2 /
-    NEON baseline; wider vectors are still correct code, the compiler splits them).
+    The target's instruction-set model decides (:func:`kiln.target.isa_of`, the same one the
+    CPU schedules tile for): ``llvm`` without ``-mcpu`` is the SSE2 baseline (16), a ``c``
+    target without ``-mcpu`` / ``-mtriple`` this machine, ``-mcpu=haswell`` 32,
+    ``-mattr=+avx512f`` 64, a scalar ISA (RISC-V without ``V``) 0.  No target at all (``None``,
+    direct :class:`CCodeGen` use) means plain ``llvm``.  A ``vectorize=False`` attribute (a
+    plug-in kind's option) turns explicit SIMD off.
     """
     attrs = getattr(target, "attrs", None) or {}
     if attrs.get("vectorize", True) is False:
         return 0
-    mattr = [str(f) for f in (attrs.get("mattr") or [])]
-    mcpu = str(attrs.get("mcpu") or "")
-    kind = str(getattr(getattr(target, "kind", None), "name", getattr(target, "kind", "")) or "")
-    if "+avx512f" in mattr:
-        return 64
-    cross = bool(attrs.get("mtriple"))
-    if mcpu == "native" or (not mcpu and kind == "c" and not cross):
-        flags = _host_cpu_flags()
-        if "avx512f" in flags and "-avx512f" not in mattr:
-            return 64
-        if "avx" in flags and "-avx" not in mattr:
-            return 32
-        return 16
-    if "+avx2" in mattr or "+avx" in mattr:
-        return 32
-    if mcpu and any(k in mcpu for k in ("avx512", "skylake-avx", "icelake", "sapphire", "znver4", "cascade")):
-        return 64
-    if mcpu and any(k in mcpu for k in ("haswell", "broadwell", "skylake", "znver", "alderlake", "x86-64-v3")):
-        return 32
-    return 16
-
-
-_HOST_FLAGS: set[str] | None = None
-
-
-def _host_cpu_flags() -> set[str]:
-    global _HOST_FLAGS
-    if _HOST_FLAGS is None:
-        flags: set[str] = set()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith(("flags", "Features")):
-                        flags = set(line.split(":", 1)[1].split())
-                        break
-        except OSError:
-            pass
-        _HOST_FLAGS = flags
-    return _HOST_FLAGS
+    return isa_of("llvm" if target is None else target).vector_bytes
 
 
 def generate_c(funcs: Sequence[PrimFunc], target: Any = None) -> tuple[str, list[str]]:

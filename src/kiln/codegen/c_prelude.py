@@ -61,31 +61,7 @@ static inline uint16_t kiln_f2bf(float f) {
 
 #: Argument checking and error reporting of the packed functions; closes the include guard.
 C_PRELUDE_END = r"""
-static const char* kiln_dtype_str(DLDataType t, char* buf, size_t n) {
-  const char* base = t.code == 0 ? "int" : t.code == 1 ? "uint" : t.code == 2 ? "float" : t.code == 4 ? "bfloat"
-                   : t.code == 6 ? "bool" : "code";
-  if (t.code == 6) snprintf(buf, n, "bool");
-  else if (t.lanes != 1) snprintf(buf, n, "%s%dx%d", base, t.bits, t.lanes);
-  else snprintf(buf, n, "%s%d", base, t.bits);
-  return buf;
-}
-static const char* kiln_shape_str(const DLTensor* t, char* buf, size_t n) {
-  size_t k = 0;
-  k += (size_t)snprintf(buf + k, n - k, "(");
-  for (int32_t i = 0; i < t->ndim && k < n; ++i)
-    k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-  if (k < n) snprintf(buf + k, n - k, t->ndim == 1 ? ",)" : ")");
-  return buf;
-}
-static int32_t kiln_arg_error(const char* fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  KilnAPISetLastError(msg);
-  return -1;
-}
+#define kiln_arg_error KilnErrorf /* in the crt */
 /* The error path of kiln.checked_index: an index read from data is outside [-n, n).  Cold and
  * out of line so that the check in the kernel's loop stays one compare and a not-taken branch. */
 __attribute__((cold, noinline)) static int32_t kiln_index_error(const char* fn, const char* what, int64_t v,
@@ -96,44 +72,11 @@ __attribute__((cold, noinline)) static int32_t kiln_index_error(const char* fn, 
   return kiln_arg_error("%s: %s: index %lld is out of range [%lld, %lld]", fn, what, (long long)v,
                         -(long long)n, (long long)n - 1);
 }
-/* Checks one DLTensor argument against the buffer the kernel was compiled for. */
-static int32_t kiln_check_tensor(const char* fn, int32_t i, const char* name, int32_t* type_codes, KilnValue* args,
-                                 int32_t ndim, const int64_t* shape, uint8_t code, uint8_t bits) {
-  char a[160], b[160];
-  if (type_codes[i] != kKilnDLTensorHandle)
-    return kiln_arg_error("%s: argument %d (%s) expected a DLTensor (type code 7), got type code %d", fn, i, name,
-                          type_codes[i]);
-  const DLTensor* t = (const DLTensor*)args[i].v_handle;
-  if (t == NULL) return kiln_arg_error("%s: argument %d (%s) is a NULL DLTensor", fn, i, name);
-  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
-    return kiln_arg_error("%s: argument %d (%s) expected a CPU tensor, got device type %d", fn, i, name,
-                          t->device.device_type);
-  DLDataType want = {code, bits, 1};
-  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1)
-    return kiln_arg_error("%s: argument %d (%s) expected dtype %s, got %s", fn, i, name,
-                          kiln_dtype_str(want, a, sizeof(a)), kiln_dtype_str(t->dtype, b, sizeof(b)));
-  DLTensor w;
-  memset(&w, 0, sizeof(w));
-  w.ndim = ndim;
-  w.shape = (int64_t*)shape;
-  if (t->ndim != ndim)
-    return kiln_arg_error("%s: argument %d (%s) expected ndim %d with shape %s, got ndim %d with shape %s", fn, i,
-                          name, ndim, kiln_shape_str(&w, a, sizeof(a)), t->ndim, kiln_shape_str(t, b, sizeof(b)));
-  for (int32_t k = 0; k < ndim; ++k)
-    if (t->shape[k] != shape[k])
-      return kiln_arg_error("%s: argument %d (%s) expected shape %s, got %s", fn, i, name,
-                            kiln_shape_str(&w, a, sizeof(a)), kiln_shape_str(t, b, sizeof(b)));
-  if (t->strides != NULL) {
-    int64_t expect = 1;
-    for (int32_t k = ndim - 1; k >= 0; --k) {
-      if (shape[k] != 1 && t->strides[k] != expect)
-        return kiln_arg_error("%s: argument %d (%s) must be compact row-major "
-                              "(stride of dim %d is %lld, expected %lld)",
-                              fn, i, name, k, (long long)t->strides[k], (long long)expect);
-      expect *= shape[k];
-    }
-  }
-  return 0;
+/* Checks one DLTensor argument against the buffer the kernel was compiled for (in the crt). */
+static inline int32_t kiln_check_tensor(const char* fn, int32_t i, const char* name, int32_t* type_codes,
+                                        KilnValue* args, int32_t ndim, const int64_t* shape, uint8_t code,
+                                        uint8_t bits) {
+  return KilnCheckTensorArg(fn, i, name, type_codes, args, ndim, shape, code, bits);
 }
 #endif /* KILN_PRELUDE_DEFINED */
 """

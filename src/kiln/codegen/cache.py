@@ -45,8 +45,8 @@ from .._version import __version__
 from ..runtime import cc as _cc
 from ..runtime import crt_source_path, include_path
 
-__all__ = ["cache_dir", "cache_enabled", "make_key", "cached_file", "build_shared", "stats", "reset_stats",
-           "max_bytes", "DEFAULT_MAX_BYTES", "KEY_FILE"]
+__all__ = ["cache_dir", "cache_enabled", "make_key", "cached_file", "lookup", "store", "build_shared", "stats",
+           "source_digest", "reset_stats", "max_bytes", "DEFAULT_MAX_BYTES", "KEY_FILE"]
 
 #: Default size cap of the cache (``$KILN_CACHE_MAX_BYTES`` overrides; ``0`` = unlimited).
 DEFAULT_MAX_BYTES = 1 << 30
@@ -88,6 +88,38 @@ def make_key(*parts: str | bytes) -> str:
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return h.hexdigest()
+
+
+_source_digests: dict[tuple[str, ...], str] = {}
+
+
+def source_digest(*parts: str) -> str:
+    """SHA-256 over the source files of the named parts of the ``kiln`` package (memoised).
+
+    ``parts`` are paths relative to the package root: sub-packages (``"codegen"``) or files
+    (``"runtime/dtype.py"``). A cache key that includes it misses whenever the code that
+    produces an entry changes, even within one Kiln version (a development checkout).
+    """
+    got = _source_digests.get(parts)
+    if got is not None:
+        return got
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files: list[str] = []
+    for part in parts:
+        p = os.path.join(root, part)
+        if os.path.isdir(p):
+            files.extend(os.path.join(p, n) for n in os.listdir(p) if n.endswith(".py"))
+        else:
+            files.append(p)
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(os.path.relpath(f, root).encode("utf-8") + b"\0")
+        with open(f, "rb") as fh:
+            data = fh.read()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    got = _source_digests[parts] = h.hexdigest()
+    return got
 
 
 def max_bytes() -> int:
@@ -202,6 +234,49 @@ def _silent_remove(p: str) -> None:
         pass
 
 
+def _entry_path(key: str, ext: str) -> tuple[str, bytes] | None:
+    """``(path, secret)`` of entry ``key`` in a trusted cache, or None when the cache is off."""
+    root = _trusted_root() if cache_enabled() else None
+    secret = _hmac_key(root) if root is not None else None
+    if root is None or secret is None:
+        return None
+    return os.path.join(root, key[:2], f"{key}.{ext}"), secret
+
+
+def lookup(key: str, ext: str, what: str = "entry") -> str | None:
+    """Path of a valid entry ``key`` (counted as a hit), or None (nothing is counted).
+
+    Used where the caller produces several entries together on a miss (see :func:`store`).
+    """
+    where = _entry_path(key, ext)
+    if where is None:
+        return None
+    path, secret = where
+    if os.path.exists(path) and _valid(secret, path):
+        _touch(path)
+        with _lock:
+            stats["hits"] += 1
+        log.debug("cache hit %s: %s", what, path)
+        return path
+    return None
+
+
+def store(key: str, ext: str, data: bytes, what: str = "entry") -> str:
+    """Write ``data`` as entry ``key`` (counted as a miss) and return its path.
+
+    When the cache is disabled or unusable the bytes go to a fresh temporary file instead.
+    """
+
+    def produce(out: str) -> None:
+        with open(out, "wb") as f:
+            f.write(data)
+
+    where = _entry_path(key, ext)
+    if where is None:
+        return _uncached(ext, produce)
+    return _produce_entry(key, ext, where, produce, what)
+
+
 def cached_file(key: str, ext: str, produce: Callable[[str], None], what: str = "entry") -> str:
     """Path of the cache entry ``key``, calling ``produce(tmp_path)`` to build it on a miss.
 
@@ -222,18 +297,19 @@ def cached_file(key: str, ext: str, produce: Callable[[str], None], what: str = 
         Absolute path of a valid entry.  When the cache is disabled or its directory is not
         writable, the entry is built in a fresh temporary directory instead.
     """
-    root = _trusted_root() if cache_enabled() else None
-    secret = _hmac_key(root) if root is not None else None
-    if root is None or secret is None:
+    hit = lookup(key, ext, what)
+    if hit is not None:
+        return hit
+    where = _entry_path(key, ext)
+    if where is None:
         return _uncached(ext, produce)
-    d = os.path.join(root, key[:2])
-    path = os.path.join(d, f"{key}.{ext}")
-    if os.path.exists(path) and _valid(secret, path):
-        _touch(path)
-        with _lock:
-            stats["hits"] += 1
-        log.debug("cache hit %s: %s", what, path)
-        return path
+    return _produce_entry(key, ext, where, produce, what)
+
+
+def _produce_entry(key: str, ext: str, where: tuple[str, bytes], produce: Callable[[str], None],
+                   what: str) -> str:
+    path, secret = where
+    d = os.path.dirname(path)
     try:
         os.makedirs(d, mode=0o700, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=f".{ext}")
@@ -251,7 +327,7 @@ def cached_file(key: str, ext: str, produce: Callable[[str], None], what: str = 
     with _lock:
         stats["misses"] += 1
     log.debug("cache miss %s: built %s", what, path)
-    _evict(root, max_bytes(), keep=path)
+    _evict(os.path.dirname(d), max_bytes(), keep=path)
     return path
 
 

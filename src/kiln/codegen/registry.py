@@ -1,10 +1,18 @@
-"""The codegen registry: global functions ``target.build.<kind>(funcs, target) -> Module``."""
+"""The codegen registry: global functions ``target.build.<kind>(funcs, target) -> Module``.
+
+``c`` and ``llvm`` are registered by ``kiln.codegen`` itself. Every other kind's codegen is a
+plug-in (:mod:`kiln.runtime.plugins`; CUDA and OpenCL are described there like third-party
+back ends): its module registers ``target.build.<kind>`` when imported, which happens the
+first time a build asks for the kind, so ``list_codegens()`` names it without importing it
+(or its dialect, or NVRTC). This module names no back end; the target kinds themselves are
+declared in :mod:`kiln.target`.
+"""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Sequence
 
+from ..runtime import plugins as _plugins
 from ..runtime.errors import CompileError
 from ..runtime.registry import get_global_func, list_global_func_names, register_func
 from ..tir.stmt import PrimFunc
@@ -14,10 +22,6 @@ __all__ = ["register_codegen", "get_codegen", "list_codegens", "build_module", "
 PREFIX = "target.build."
 
 Codegen = Callable[[list[PrimFunc], Any], Any]
-
-#: Built-in codegens that register themselves when their module is first imported (they pull in
-#: their dialect, and CUDA its NVRTC binding); the target kinds are declared in kiln.target.
-PLUGIN_CODEGEN_MODULES: dict[str, str] = {"cuda": "kiln.codegen.cuda", "opencl": "kiln.codegen.opencl"}
 
 
 def register_codegen(kind: str, fn: Codegen | None = None, override: bool = False) -> Any:
@@ -29,26 +33,44 @@ def register_codegen(kind: str, fn: Codegen | None = None, override: bool = Fals
 
 
 def list_codegens() -> list[str]:
-    """Kinds with a registered codegen (built-in plug-ins included, imported or not)."""
+    """Kinds with a codegen: registered ones and the plug-ins' (imported or not).
+
+    Returns
+    -------
+    list of str
+        Sorted kind names. Installed plug-ins' entry points are read (once per process), their
+        codegen modules are not imported.
+    """
     registered = {n[len(PREFIX):] for n in list_global_func_names() if n.startswith(PREFIX)}
-    return sorted(registered | set(PLUGIN_CODEGEN_MODULES))
+    for p in _plugins.list_plugins():
+        registered.update(p.codegens)
+    return sorted(registered)
 
 
 def get_codegen(kind: str) -> Codegen:
-    """The codegen of ``kind``.
+    """The codegen of ``kind``, importing the plug-in that declares it on first use.
 
     Raises
     ------
     CompileError
-        Naming the kind and the kinds that have a codegen.
+        Naming the kind and the kinds that have a codegen, or the plug-in whose codegen
+        module failed to import (its :class:`~kiln.runtime.plugins.PluginError` chained).
     """
     fn = get_global_func(PREFIX + kind, allow_missing=True)
-    if fn is None and kind in PLUGIN_CODEGEN_MODULES:
-        importlib.import_module(PLUGIN_CODEGEN_MODULES[kind])
-        fn = get_global_func(PREFIX + kind, allow_missing=True)
     if fn is None:
+        plugin = _plugins.find_codegen(kind)
+        if plugin is not None:
+            try:
+                _plugins.import_facet(plugin, "codegen", f"the code generator of target kind {kind!r}",
+                                      registered=lambda: get_global_func(PREFIX + kind, allow_missing=True) is not None)
+            except _plugins.PluginError as err:
+                raise CompileError(f"no code generator for target kind {kind!r}: {err}") from err
+            fn = get_global_func(PREFIX + kind, allow_missing=True)
+    if fn is None:
+        failed = _plugins.discovery_errors()
+        extra = ("; plug-ins that failed to load: " + "; ".join(failed.values())) if failed else ""
         raise CompileError(f"no code generator for target kind {kind!r} (global function "
-                           f"'{PREFIX}{kind}'); available: {', '.join(list_codegens())}")
+                           f"'{PREFIX}{kind}'); available: {', '.join(list_codegens())}{extra}")
     return fn
 
 

@@ -120,7 +120,7 @@ def _check_graph(mod: Any) -> Graph:
 
 
 def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int = 3,
-             timer: _Timer | None = None, disabled: tuple[str, ...] = ()) -> Graph:
+             timer: _Timer | None = None, disabled: tuple[str, ...] = (), target: Any = None) -> Graph:
     """Run the graph pass pipeline (bind params, infer types, fold, simplify).
 
     Parameters
@@ -130,12 +130,15 @@ def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int
         Bound as constants (graph inputs of these names disappear).
     opt_level : int
         Pipeline level (TVM convention).
+    target : Target, optional
+        The CPU target the graph is built for: the layout pass blocks channels for its vector
+        width (None: the schedules' no-target ISA, x86-64-v3).
 
     Returns
     -------
     Graph
     """
-    from ..transform import default_pipeline
+    from ..transform import AlterConvLayout, default_pipeline
 
     trace = None
     if timer is not None and timer.debug:
@@ -143,6 +146,9 @@ def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int
             print(f"[kiln.build]   pass {name}: {dt * 1e3:.1f} ms ({len(g.nodes)} nodes)",
                   file=sys.stderr)
     seq = default_pipeline(params, opt_level=opt_level)
+    if target is not None:
+        # the pipeline's layout pass knows no target; give it this build's
+        seq.passes = [AlterConvLayout(target) if p.name == "AlterConvLayout" else p for p in seq.passes]
     seq.disabled |= set(disabled)
     if trace is not None:
         seq.trace = trace
@@ -162,7 +168,7 @@ def lower(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
         ``.fused`` (groups), ``.calls``, ``.funcs`` (PrimFuncs); ``.dump()`` is the listing.
     """
     tgt = _as_target(target)
-    graph = optimize(mod, params, opt_level)
+    graph = optimize(mod, params, opt_level, target=tgt)
     fused = fuse_ops(graph, opt_level=opt_level)
     return lower_fused_graph(fused, tgt, mod_name)
 
@@ -244,7 +250,7 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
 
     with tuning if tuning is not None else _no_context():
         with timer.stage("passes"):
-            graph = optimize(mod, params, opt_level, timer, disabled)
+            graph = optimize(mod, params, opt_level, timer, disabled, target=dts.primary)
         if tuning is not None:
             tuned["layouts"] = tuned["hits"] = tuning.hits
         with timer.stage("fuse"):

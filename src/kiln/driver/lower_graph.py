@@ -189,7 +189,9 @@ def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: S
     for n in group.nodes:
         fcompute = topi.get_compute(n.op)
         try:
-            outs = fcompute(n.attrs, [env[v] for v in n.inputs], [o.type for o in n.outputs])
+            # computes that choose a data layout (dense's packed panels) size it for this target
+            with topi.knobs.kernel_target(target):
+                outs = fcompute(n.attrs, [env[v] for v in n.inputs], [o.type for o in n.outputs])
         except Exception as exc:
             raise KilnError(f"{name}: compute of {n.op} node {n.name!r} failed: {exc}") from exc
         if not isinstance(outs, (list, tuple)):

@@ -20,7 +20,7 @@ This module imports only the standard library and :mod:`kiln.runtime.errors`.
 from __future__ import annotations
 
 import struct
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from .errors import FormatError, InputError
 
@@ -227,14 +227,35 @@ class Writer:
 
     def __init__(self) -> None:
         self._parts: list[bytes | memoryview] = []
+        # Kept as we go so a caller can size a record (a length prefix, a section) without
+        # joining what may be hundreds of megabytes of tensor data.
+        self._nbytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Number of bytes written so far."""
+        return self._nbytes
 
     def raw(self, data: Buffer) -> None:
-        """Append bytes as they are (a memoryview is not copied until :meth:`getvalue`)."""
-        self._parts.append(data if isinstance(data, (bytes, memoryview)) else bytes(data))
+        """Append bytes as they are (a memoryview is not copied until :meth:`getvalue`).
+
+        A ``bytearray`` is copied now, because its owner may change it before the value is
+        used; ``bytes`` and ``memoryview`` are kept by reference (a memoryview's owner must
+        leave it unchanged until the writer's output has been consumed).
+        """
+        if isinstance(data, memoryview):
+            part: bytes | memoryview = data if data.format == "B" and data.ndim == 1 else data.cast("B")
+        elif isinstance(data, bytes):
+            part = data
+        else:
+            part = bytes(data)
+        self._parts.append(part)
+        self._nbytes += len(part)
 
     def pack(self, layout: struct.Struct, *values: int) -> None:
         """Append one record of the given ``struct`` layout."""
         self._parts.append(layout.pack(*values))
+        self._nbytes += layout.size
 
     def u8(self, v: int) -> None:
         """One unsigned byte."""
@@ -273,9 +294,14 @@ class Writer:
         """A ``u64`` count followed by the values as ``u64``."""
         self.u64(len(values))
         self._parts.append(struct.pack(f"<{len(values)}Q", *values))
+        self._nbytes += 8 * len(values)
 
-    def chunks(self) -> Iterable[bytes | memoryview]:
-        """The pieces written so far, uncopied (to stream a large record to a file)."""
+    def chunks(self) -> list[bytes | memoryview]:
+        """The pieces written so far, uncopied (to stream a large record to a file).
+
+        Each piece is ``bytes`` or a 1-D byte ``memoryview``; together they are
+        :attr:`nbytes` long.
+        """
         return list(self._parts)
 
     def getvalue(self) -> bytes:

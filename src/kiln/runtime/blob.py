@@ -14,6 +14,10 @@ In the library the blob is the symbol ``__kiln_dev_mblob`` in section ``.kiln_mb
 an 8-byte little-endian payload length followed by the blob. A tree that is a single DSO
 group (only code compiled into the library) has no blob.
 
+:func:`serialize_chunks` / :func:`pack_chunks` give the same bytes as a list of buffers, with
+tensor data referenced rather than copied (a module may offer ``save_to_binary_chunks()``
+for that), so ``export_library`` writes a blob of hundreds of megabytes in one pass.
+
 Grouping: every DSO-exportable module (C / LLVM code) reachable from another DSO module
 through DSO-only imports joins that module's group, because they all end up in the same
 ``.so``. Groups are numbered in DFS pre-order of first discovery.
@@ -39,7 +43,9 @@ __all__ = [
     "group_modules",
     "collect_dso_modules",
     "serialize",
+    "serialize_chunks",
     "pack",
+    "pack_chunks",
     "unpack",
     "BlobEntry",
     "DecodedBlob",
@@ -136,13 +142,61 @@ def collect_dso_modules(root: "Module") -> list["Module"]:
     return group_modules(root).dso_modules
 
 
-def serialize(root: "Module", groups: ModuleGroups | None = None) -> bytes | None:
-    """Serialize the tree under ``root`` to blob bytes (without the 8-byte header).
+def _defining_class(cls: type, name: str) -> type | None:
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass
+    return None
+
+
+def _payload_chunks(m: "Module") -> list[bytes | memoryview]:
+    """The module's ``save_to_binary`` bytes, as uncopied pieces where the module offers them.
+
+    A module may define ``save_to_binary_chunks()`` returning buffers whose concatenation is
+    its ``save_to_binary()`` (the executor factory does, so its weights are never joined).
+    It is used only when it is at least as specific as ``save_to_binary``: a subclass that
+    overrides ``save_to_binary`` alone must not be serialized by its parent's chunk method.
+    """
+    cls = type(m)
+    chunk_cls = _defining_class(cls, "save_to_binary_chunks")
+    bin_cls = _defining_class(cls, "save_to_binary")
+    if chunk_cls is not None and bin_cls is not None and issubclass(chunk_cls, bin_cls):
+        parts = list(getattr(m, "save_to_binary_chunks")())  # noqa: B009 - optional protocol
+        what = f"{cls.__name__}.save_to_binary_chunks() yielded"
+    else:
+        parts = [m.save_to_binary()]
+        what = f"{cls.__name__}.save_to_binary() returned"
+    out: list[bytes | memoryview] = []
+    for part in parts:
+        if isinstance(part, bytes):
+            out.append(part)
+        elif isinstance(part, bytearray):
+            out.append(bytes(part))  # frozen now: its owner may reuse it before the blob is written
+        elif isinstance(part, memoryview):
+            out.append(part.cast("B"))  # 1-D bytes, so len() is the byte count
+        else:
+            raise KilnError(f"{what} {type(part).__name__}, expected bytes")
+    return out
+
+
+def serialize_chunks(root: "Module", groups: ModuleGroups | None = None) -> list[bytes | memoryview] | None:
+    """Serialize the tree under ``root`` to blob pieces (without the 8-byte header).
+
+    The concatenation of the pieces is :func:`serialize`'s output; tensor data is referenced,
+    not copied, so a blob of hundreds of megabytes is written to its file in one pass.
+
+    Parameters
+    ----------
+    root : Module
+        Root of the tree.
+    groups : ModuleGroups, optional
+        ``group_modules(root)``, when the caller already has it.
 
     Returns
     -------
-    bytes or None
-        ``None`` when no blob is needed (the tree is a single DSO group).
+    list of bytes or memoryview, or None
+        1-D byte buffers; ``None`` when no blob is needed (the tree is a single DSO group).
+        The modules' data must stay unchanged until the pieces have been consumed.
 
     Raises
     ------
@@ -167,22 +221,59 @@ def serialize(root: "Module", groups: ModuleGroups | None = None) -> bytes | Non
                 f"cannot export module of type {m.type_key!r}: it is neither DSO-exportable nor "
                 f"binary-serializable{hint}"
             )
-        payload = m.save_to_binary()
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise KilnError(f"{type(m).__name__}.save_to_binary() returned {type(payload).__name__}, expected bytes")
+        parts = _payload_chunks(m)
         w.string(m.type_key)
-        w.sized_bytes(payload)
+        w.u64(sum(len(p) for p in parts))
+        for p in parts:
+            w.raw(p)
     w.string(IMPORT_TREE_KEY)
     w.u64_vector(g.row_ptr)
     w.u64_vector(g.child_indices)
-    return w.getvalue()
+    return w.chunks()
+
+
+def serialize(root: "Module", groups: ModuleGroups | None = None) -> bytes | None:
+    """Serialize the tree under ``root`` to blob bytes (without the 8-byte header).
+
+    Returns
+    -------
+    bytes or None
+        ``None`` when no blob is needed (the tree is a single DSO group).
+
+    Raises
+    ------
+    KilnError
+        If a module is neither DSO-exportable nor binary-serializable.
+    """
+    chunks = serialize_chunks(root, groups)
+    return None if chunks is None else b"".join(chunks)
+
+
+def pack_chunks(blob: "bytes | memoryview | list[bytes | memoryview]") -> list[bytes | memoryview]:
+    """:func:`pack` without the copy: the 8-byte length header, then the blob's pieces.
+
+    Parameters
+    ----------
+    blob : bytes-like or list of bytes-like
+        The blob, whole or as :func:`serialize_chunks` pieces.
+
+    Returns
+    -------
+    list of bytes or memoryview
+        Pieces whose concatenation is ``pack(blob)``.
+    """
+    parts = [blob] if isinstance(blob, (bytes, bytearray, memoryview)) else list(blob)
+    w = Writer()
+    views = [memoryview(p).cast("B") for p in parts]
+    w.u64(sum(v.nbytes for v in views))
+    for p, v in zip(parts, views):
+        w.raw(p if isinstance(p, bytes) else v)
+    return w.chunks()
 
 
 def pack(blob: bytes) -> bytes:
     """Prefix the blob with its 8-byte little-endian length (the section/symbol content)."""
-    w = Writer()
-    w.sized_bytes(blob)
-    return w.getvalue()
+    return b"".join(pack_chunks(blob))
 
 
 def unpack(section: bytes | memoryview, where: str = "blob section") -> memoryview:

@@ -16,10 +16,14 @@ it by its TVM name, :mod:`kiln.contrib.cc`).
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
 import shlex
 import shutil
 import subprocess
+import tempfile
+import threading
 from typing import Any, Callable, Iterable, Sequence
 
 from .errors import CompileError
@@ -27,6 +31,8 @@ from .errors import CompileError
 __all__ = [
     "get_cc",
     "create_shared",
+    "compile_object_cached",
+    "fast_linker",
     "create_staticlib",
     "cross_compiler",
     "DEFAULT_OPTIONS",
@@ -99,6 +105,7 @@ def create_shared(
     options: Sequence[str] | None = None,
     cc: str | None = None,
     cwd: str | None = None,
+    linker: str | None = None,
 ) -> None:
     """Compile C / C++ / assembly sources and link objects into one shared library.
 
@@ -114,6 +121,9 @@ def create_shared(
         Compiler command; defaults to :func:`get_cc`.
     cwd : str, optional
         Working directory of the compiler process.
+    linker : str, optional
+        Link with ``-fuse-ld=<linker>`` (e.g. the result of :func:`fast_linker`); default:
+        the compiler's own choice.
 
     Raises
     ------
@@ -135,7 +145,8 @@ def create_shared(
             obj = os.path.join(out_dir, f".kiln_cxx_{i}_{os.path.basename(src)}.o")
             _run(compiler + ["-O2", "-fPIC", "-std=c++17", *inc, *opts, "-c", src, "-o", obj], cwd)
             extra_objs.append(obj)
-    cmd = compiler + list(DEFAULT_OPTIONS) + inc + opts + ["-o", os.fspath(output)]
+    cmd = compiler + list(DEFAULT_OPTIONS) + inc + opts + ([f"-fuse-ld={linker}"] if linker else [])
+    cmd += ["-o", os.fspath(output)]
     cmd += rest + extra_objs + list(_LINK_LIBS)
     if cxx:
         cmd.append("-lstdc++")
@@ -151,6 +162,130 @@ def create_shared(
 
 create_shared.output_format = "so"  # type: ignore[attr-defined]
 create_shared.object_format = "o"  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------
+# per-process object cache and linker choice (used by export_library)
+# ------------------------------------------------------------------------------------
+_cache_lock = threading.Lock()
+_object_cache: dict[tuple[str, ...], str] = {}
+_object_dir: tuple[int, str] | None = None  # (owning pid, directory)
+_linker_cache: dict[tuple[str, ...], str | None] = {}
+
+#: Linkers tried by :func:`fast_linker`, fastest first. Linking a 98 MiB library (ResNet-50
+#: weights in the blob section, build id given on the command line) took 0.27-0.45 s with GNU
+#: ld and 0.15-0.19 s with gold on a loaded 2-core machine.
+FAST_LINKERS: tuple[str, ...] = ("gold",)
+
+
+def _remove_object_dir(pid: int, path: str) -> None:
+    # A forked child inherits this handler; only the process that made the directory removes it.
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _private_object_dir() -> str:
+    global _object_dir
+    if _object_dir is None or _object_dir[0] != os.getpid() or not os.path.isdir(_object_dir[1]):
+        # After a fork the parent's directory may vanish when the parent exits: make our own.
+        _object_cache.clear()
+        path = tempfile.mkdtemp(prefix="kiln_objects_")
+        _object_dir = (os.getpid(), path)
+        atexit.register(_remove_object_dir, os.getpid(), path)
+    return _object_dir[1]
+
+
+def compile_object_cached(
+    source: str | os.PathLike,
+    options: Sequence[str] | None = None,
+    cc: str | None = None,
+) -> str:
+    """Compile one C source to an object file, once per process per (compiler, options, source).
+
+    ``export_library`` links the Kiln crt into every library; compiling it once and reusing
+    the object saves a C compile (about 0.1 s) per export. The object is compiled with the
+    flags :func:`create_shared` would use for it (``DEFAULT_OPTIONS`` without ``-shared``,
+    the Kiln include path, then ``options``), so linking it is equivalent to passing the source.
+
+    Parameters
+    ----------
+    source : path
+        A ``.c`` file. Its content is part of the key; headers it includes are not (they
+        ship with the package and do not change while a process runs).
+    options : list of str, optional
+        Extra flags, as given to :func:`create_shared` (linker-only flags are ignored by
+        ``-c``).
+    cc : str, optional
+        Compiler command; defaults to :func:`get_cc`.
+
+    Returns
+    -------
+    str
+        Path of the object, in a private directory removed at exit. Do not modify it.
+
+    Raises
+    ------
+    CompileError
+        If the compiler fails (the caller may fall back to passing the source).
+    """
+    compiler = shlex.split(cc) if cc else shlex.split(get_cc())
+    opts = list(options or [])
+    src = os.path.abspath(os.fspath(source))
+    with open(src, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    inc = ["-I", _include_path()]
+    flags = [o for o in DEFAULT_OPTIONS if o != "-shared"] + inc + opts
+    key = (*compiler, "\0", *flags, "\0", src, digest)
+    with _cache_lock:  # one compile per key even when several threads export at once
+        d = _private_object_dir()
+        hit = _object_cache.get(key)
+        if hit is not None and os.path.isfile(hit):
+            return hit
+        name = hashlib.sha256("\n".join(key).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+        obj = os.path.join(d, f"{name}.o")
+        tmp = obj + ".tmp.o"
+        _run(compiler + flags + ["-c", src, "-o", tmp], None)
+        os.replace(tmp, obj)  # never leave a half-written object under the final name
+        _object_cache[key] = obj
+        return obj
+
+
+def fast_linker(cc: str | None = None) -> str | None:
+    """The fastest linker of :data:`FAST_LINKERS` that ``cc`` can drive, or ``None``.
+
+    Probed once per process and compiler (``cc -fuse-ld=<name> -Wl,--version``, a few
+    milliseconds). Worth it only for large links: linking a library whose blob holds
+    100 MB of weights is mostly copying bytes, which gold does faster than GNU ld.
+
+    Parameters
+    ----------
+    cc : str, optional
+        Compiler command; defaults to :func:`get_cc`.
+
+    Returns
+    -------
+    str or None
+        A value for ``create_shared(..., linker=...)``.
+    """
+    compiler = shlex.split(cc) if cc else shlex.split(get_cc())
+    key = tuple(compiler)
+    with _cache_lock:
+        if key in _linker_cache:
+            return _linker_cache[key]
+    found: str | None = None
+    for name in FAST_LINKERS:
+        try:
+            proc = subprocess.run(compiler + [f"-fuse-ld={name}", "-Wl,--version"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        # "GNU gold", "LLD": the probe must name the linker, not just exit 0 through a wrapper.
+        if proc.returncode == 0 and name.encode() in proc.stdout.lower():
+            found = name
+            break
+    with _cache_lock:
+        _linker_cache[key] = found
+    return found
 
 
 def create_staticlib(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], ar: str | None = None) -> None:

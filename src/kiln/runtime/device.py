@@ -2,9 +2,11 @@
 
 A :class:`Device` is a plain value (DLPack device type + ordinal). Everything a device can *do*
 (allocate, copy, synchronize) lives in a :class:`DeviceAPI` registered for its device type with
-:func:`register_device_api`. Only the CPU API is built in; CUDA, OpenCL and any third-party
-device plug in through the same public registry, so ``cuda()`` works (and ``.exist`` answers
-False) on a machine without a driver.
+:func:`register_device_api`. Only the CPU API is built in; every other device is a plug-in
+(:mod:`kiln.runtime.plugins`: CUDA and OpenCL are described there like any third-party
+package), whose module is imported the first time its device type or name is used. This
+module names no back end, so ``cuda()`` works (and ``.exist`` answers False) on a machine
+without a driver, and a new device needs no edit here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from . import plugins as _plugins
 from .errors import DeviceError
 
 __all__ = [
@@ -55,20 +58,37 @@ class DeviceType(enum.IntEnum):
     EXT_DEV = 12
 
 
-# Canonical display name per device type; plug-ins add theirs on registration.
+# DLPack's names of the device types no plug-in describes (plug-ins' names -- cuda, opencl,
+# third-party -- come from their descriptors, see _type_name); register_device_api adds more.
 _TYPE_NAMES: dict[int, str] = {
     1: "cpu",
-    2: "cuda",
     3: "cuda_host",
-    4: "opencl",
     7: "vulkan",
     8: "metal",
     10: "rocm",
     12: "ext_dev",
 }
-# Every name ``device()`` accepts (canonical names plus the usual TVM aliases).
+# Names ``device()`` accepts besides the plug-ins' (canonical names plus TVM's CPU aliases).
 _NAME_TYPES: dict[str, int] = {name: t for t, name in _TYPE_NAMES.items()}
-_NAME_TYPES.update({"llvm": 1, "c": 1, "gpu": 2, "nvptx": 2, "cl": 4})
+_NAME_TYPES.update({"llvm": 1, "c": 1})
+
+
+def _type_name(dt: int) -> str | None:
+    """Display name of device type ``dt``: registered or DLPack's, else the plug-in's, else None."""
+    name = _TYPE_NAMES.get(dt)
+    if name is None:
+        found = _plugins.find_device_type(dt)
+        name = None if found is None else found[1].name.lower()
+    return name
+
+
+def _name_type(name: str) -> int | None:
+    """Device type code of a (lower-case) device name or alias, None if nobody declares it."""
+    dt = _NAME_TYPES.get(name)
+    if dt is None:
+        found = _plugins.find_device_name(name)
+        dt = None if found is None else found[1].type_code
+    return dt
 
 # TVM's integer DeviceAttrKind codes, so ``get_attr(dev, 0)`` means ``"exist"``.
 _ATTR_KINDS: tuple[str, ...] = (
@@ -152,7 +172,7 @@ class Device:
     @property
     def name(self) -> str:
         """Device type name ("cpu", "cuda", "opencl", a plug-in's registered name, ...)."""
-        return _TYPE_NAMES.get(self.device_type, f"device{self.device_type}")
+        return _type_name(self.device_type) or f"device{self.device_type}"
 
     def __str__(self) -> str:
         return f"{self.name}({self.device_id})"
@@ -389,21 +409,24 @@ class CPUDeviceAPI(DeviceAPI):
 _REGISTRY: dict[int, DeviceAPI] = {}
 _REGISTRY_LOCK = threading.Lock()
 
-#: device type -> runtime module whose import registers its DeviceAPI (imported on first use,
-#: so that ``cuda().exist`` works without importing, let alone opening, any driver eagerly).
-BUILTIN_DEVICE_MODULES: dict[int, str] = {2: "kiln.runtime.cuda_driver", 4: "kiln.runtime.opencl_driver"}
+def _lookup_api(dt: int, why: list[str] | None = None) -> "DeviceAPI | None":
+    """The API of device type ``dt``, importing the plug-in that declares it on first use.
 
-
-def _lookup_api(dt: int) -> "DeviceAPI | None":
+    A plug-in that fails to import gives None (so ``exist`` answers False); the reason, naming
+    the plug-in, is appended to ``why`` for the caller's error message.
+    """
     api = _REGISTRY.get(dt)
-    if api is None and dt in BUILTIN_DEVICE_MODULES:
-        import importlib
-
-        try:
-            importlib.import_module(BUILTIN_DEVICE_MODULES[dt])
-        except ImportError:
-            return None
-        api = _REGISTRY.get(dt)
+    if api is None:
+        found = _plugins.find_device_type(dt)
+        if found is not None:
+            try:
+                _plugins.import_facet(found[0], "device", f"device type {dt} ({found[1].name})",
+                                      registered=lambda: dt in _REGISTRY)
+            except _plugins.PluginError as err:
+                if why is not None:
+                    why.append(str(err))
+                return None
+            api = _REGISTRY.get(dt)
     return api
 
 
@@ -435,18 +458,19 @@ def register_device_api(device_type: int, api: DeviceAPI, name: str | None = Non
     with _REGISTRY_LOCK:
         if dt in _REGISTRY and not override:
             raise DeviceError(
-                f"a DeviceAPI is already registered for device type {dt} ({_TYPE_NAMES.get(dt, '?')}); "
+                f"a DeviceAPI is already registered for device type {dt} ({_type_name(dt) or '?'}); "
                 "pass override=True to replace it"
             )
         if name is not None:
             name = name.lower()
-            owner = _NAME_TYPES.get(name)
+            owner = _name_type(name)
             if owner is not None and owner != dt and not override:
                 raise DeviceError(f"device name {name!r} already means device type {owner}")
             _NAME_TYPES[name] = dt
             _TYPE_NAMES[dt] = name
-        elif dt not in _TYPE_NAMES:
-            raise DeviceError(f"device type {dt} has no built-in name; pass name=... to register_device_api")
+        elif _type_name(dt) is None:
+            raise DeviceError(f"device type {dt} has no built-in name (nor a plug-in's); "
+                              "pass name=... to register_device_api")
         _REGISTRY[dt] = api
 
 
@@ -463,18 +487,20 @@ def get_device_api(device_type: int | Device) -> DeviceAPI:
         If nothing is registered; the message names the device and lists registered types.
     """
     dt = device_type.device_type if isinstance(device_type, Device) else operator.index(device_type)
-    api = _lookup_api(dt)
+    why: list[str] = []
+    api = _lookup_api(dt, why)
     if api is None:
+        cause = f"its plug-in failed: {why[0]}" if why else "its runtime plug-in is not installed or not imported"
         raise DeviceError(
-            f"no DeviceAPI registered for device type {dt} ({_TYPE_NAMES.get(dt, 'unnamed')}); "
-            f"its runtime plug-in is not installed or not imported. Registered: {_describe_registered()}"
+            f"no DeviceAPI registered for device type {dt} ({_type_name(dt) or 'unnamed'}); "
+            f"{cause}. Registered: {_describe_registered()}"
         )
     return api
 
 
 def list_device_apis() -> dict[int, str]:
     """Registered device types and their names, e.g. ``{1: "cpu"}``."""
-    return {t: _TYPE_NAMES.get(t, f"device{t}") for t in sorted(_REGISTRY)}
+    return {t: _type_name(t) or f"device{t}" for t in sorted(_REGISTRY)}
 
 
 def _describe_registered() -> str:
@@ -508,11 +534,10 @@ def device(name_or_type: str | int | Device, device_id: int = 0) -> Device:
         return name_or_type
     if isinstance(name_or_type, str):
         m = _NAME_RE.match(name_or_type)
-        dt = _NAME_TYPES.get(m.group(1).lower()) if m else None
+        dt = _name_type(m.group(1).lower()) if m else None
         if m is None or dt is None:
-            raise DeviceError(
-                f"unknown device {name_or_type!r}; known device names: {', '.join(sorted(_NAME_TYPES))}"
-            )
+            known = sorted(set(_NAME_TYPES) | set(_plugins.device_names(discover_entry_points=True)))
+            raise DeviceError(f"unknown device {name_or_type!r}; known device names: {', '.join(known)}")
         if m.group(2) is not None:
             device_id = int(m.group(2))
         return Device(dt, device_id)

@@ -31,6 +31,7 @@ __all__ = [
     "FactoryPayload",
     "read_factory_payload",
     "write_factory_payload",
+    "factory_payload_chunks",
     "loadbinary_GraphExecutorFactory",
     "TYPE_KEY",
 ]
@@ -206,6 +207,15 @@ class ExecutorFactoryModule(Module):
         """Graph JSON, module name and params (``save_param_dict`` bytes), each u64-length-prefixed."""
         return write_factory_payload(FactoryPayload(self.graph_json, self.mod_name, self.params))
 
+    def save_to_binary_chunks(self) -> list[bytes | memoryview]:
+        """:meth:`save_to_binary`'s bytes as a list of buffers (tensor data not copied).
+
+        The module blob writer (:func:`kiln.runtime.blob.serialize_chunks`) prefers this to
+        :meth:`save_to_binary`, so exporting a model with hundreds of megabytes of weights
+        does not join them into one ``bytes`` first.
+        """
+        return factory_payload_chunks(FactoryPayload(self.graph_json, self.mod_name, self.params))
+
     def __repr__(self) -> str:
         return (
             f"ExecutorFactoryModule(mod_name={self.mod_name!r}, nodes={len(self._graph.nodes)}, "
@@ -232,15 +242,35 @@ class FactoryPayload:
     params: dict[str, Any]
 
 
-def write_factory_payload(p: FactoryPayload) -> bytes:
-    """Serialize ``p``: graph JSON, module name and ``save_param_dict`` bytes, each u64-length-prefixed."""
-    from .params import save_param_dict
+def factory_payload_chunks(p: FactoryPayload) -> list[bytes | memoryview]:
+    """Serialize ``p`` as a list of buffers whose concatenation is :func:`write_factory_payload`'s output.
 
+    Parameters
+    ----------
+    p : FactoryPayload
+        The arrays in ``p.params`` must stay unchanged until the buffers are consumed:
+        their data is referenced, not copied.
+
+    Returns
+    -------
+    list of bytes or memoryview
+    """
+    from .params import save_param_dict_chunks
+
+    params = save_param_dict_chunks(p.params)
     w = Writer()
     w.string(p.graph_json)
     w.string(p.mod_name)
-    w.sized_bytes(save_param_dict(p.params))
-    return w.getvalue()
+    # The params length prefix is the sum of the pieces: no need to join them to measure it.
+    w.u64(sum(memoryview(c).nbytes for c in params))
+    for c in params:
+        w.raw(c)
+    return w.chunks()
+
+
+def write_factory_payload(p: FactoryPayload) -> bytes:
+    """Serialize ``p``: graph JSON, module name and ``save_param_dict`` bytes, each u64-length-prefixed."""
+    return b"".join(factory_payload_chunks(p))
 
 
 def read_factory_payload(data: bytes | bytearray | memoryview,

@@ -10,6 +10,13 @@ Library layout (``docs/library_format.md``):
   (:mod:`kiln.runtime.tar_manifest`). Loading compiles it in a private temporary directory
   on the loading machine, with allow-listed options only.
 
+Linking with the default ``fcompile`` avoids copying a large blob more than needed
+(``docs/library_format.md``, "How the .so is linked"): the blob is written once, from its
+serialized pieces, straight into a relocatable object (:mod:`kiln.runtime.elf_object`; the
+``devc.S`` ``.incbin`` path remains for other targets and custom ``fcompile`` functions),
+the crt object is reused within a process, and a large library is linked with gold and a
+build id hashed from its inputs.
+
 Loading never runs library code before the file has been checked: the digest trailer is
 verified (or, without one, the file must end where its ELF image ends), the blob is read
 from the file with :mod:`kiln.runtime.elf`, loaders are resolved, then ``dlopen``. Loading is
@@ -29,11 +36,12 @@ from . import blob as _blob
 from . import cc as _cc
 from . import digest as _digest
 from . import tar as _tar
-from .errors import FormatError, InputError, KilnError, KilnFileNotFoundError
+from .errors import CompileError, FormatError, InputError, KilnError, KilnFileNotFoundError
 from .tar_manifest import MANIFEST_NAME, TAR_FORMAT, TAR_VERSION, check_compile_options, parse_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from .elf import ElfFile
+    from .elf_object import ObjectHeader
     from .module import Module
 
 __all__ = ["export_library", "load_module", "open_library_elf", "MANIFEST_NAME", "BLOB_FILE_NAME",
@@ -62,14 +70,162 @@ def _blob_asm(blob_file: str) -> str:
     )
 
 
-def _write_blob_files(workspace: str, packed: bytes) -> tuple[str, str]:
+Buffers = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+
+
+def _pieces(packed: Buffers) -> list[bytes | bytearray | memoryview]:
+    return [packed] if isinstance(packed, (bytes, bytearray, memoryview)) else list(packed)
+
+
+def _write_blob_file(workspace: str, packed: Buffers) -> str:
     blob_path = os.path.join(workspace, BLOB_FILE_NAME)
     with open(blob_path, "wb") as f:
-        f.write(packed)
+        for piece in _pieces(packed):  # one pass over the pieces: the blob is never joined
+            f.write(piece)
+    return blob_path
+
+
+def _write_blob_files(workspace: str, packed: Buffers) -> tuple[str, str]:
+    """Write ``devc.blob`` (the section contents) and ``devc.S``, which includes it with ``.incbin``.
+
+    ``packed`` is the section contents (8-byte length header + blob), whole or in pieces.
+    """
+    blob_path = _write_blob_file(workspace, packed)
     asm_path = os.path.join(workspace, "devc.S")
     with open(asm_path, "w") as f:
         f.write(_blob_asm(os.path.abspath(blob_path)))
     return blob_path, asm_path
+
+
+def _write_blob_object(workspace: str, packed: Buffers, header: "ObjectHeader") -> str:
+    """Write ``devc.o``: the object the assembler would make of ``devc.S``, without the assembler."""
+    from .elf_object import write_data_object
+
+    obj_path = os.path.join(workspace, "devc.o")
+    write_data_object(obj_path, _pieces(packed), _blob.SECTION_NAME, _blob.SYMBOL_NAME, header, align=8)
+    return obj_path
+
+
+#: Options after which the link is left as the compiler would do it: they talk to the linker
+#: (scripts, a build id, flags gold may not share), choose one themselves, or need its plugin (LTO).
+_LINKER_OPTION_PREFIXES = ("-Wl,", "-Xlinker", "-fuse-ld", "--ld-path", "-T", "-B", "-flto", "-fwhopr")
+#: Below this many blob bytes, linking is quick whichever way it is done: leave it alone.
+_FAST_LINK_MIN_BYTES = 16 << 20
+
+
+def _input_build_id(files: Sequence[str], blob_pieces: Sequence[bytes | bytearray | memoryview],
+                    opts: Sequence[str], cc: str | None) -> str:
+    """A GNU build id (SHA-1, 40 hex digits) of everything the link reads.
+
+    Toolchains that add ``--build-id`` by default (Debian, Ubuntu, Fedora gcc) make the
+    linker SHA-1 the whole output; GNU ld and gold do that with a plain C SHA-1, which for a
+    100 MB library costs more than the rest of the link. Hashing the link's inputs here
+    (OpenSSL, so several times faster) identifies the library just as uniquely, and keeps
+    exports reproducible: the same inputs give the same id. Paths are left out (the
+    workspace is a temporary directory); contents, order and options are in.
+    """
+    import hashlib
+
+    h = hashlib.sha1(usedforsecurity=False)
+
+    def field(data: bytes | bytearray | memoryview) -> None:
+        h.update(len(memoryview(data)).to_bytes(8, "little"))
+        h.update(data)
+
+    field(b"kiln-build-id-v1")
+    field((cc or _cc.get_cc()).encode("utf-8", "surrogateescape"))
+    for o in opts:
+        field(o.encode("utf-8", "surrogateescape"))
+    for f in files:
+        field(os.path.basename(f).encode("utf-8", "surrogateescape"))
+        with open(f, "rb") as fh:
+            field(fh.read())
+    for piece in blob_pieces:
+        h.update(piece)  # the section contents carry their own length header
+    return h.hexdigest()
+
+
+def _link_shared(
+    path: str,
+    module_files: Sequence[str],
+    crt_source: str,
+    packed: Buffers | None,
+    addon_files: Sequence[str],
+    opts: Sequence[str],
+    workspace: str,
+    cc: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """Link a library with :func:`kiln.runtime.cc.create_shared`, the fast way where possible.
+
+    Equivalent to one ``create_shared(path, modules + [crt_source, devc.S] + addons)`` call
+    (what a custom ``fcompile`` still gets), but:
+
+    * the crt is compiled once per process and options
+      (:func:`kiln.runtime.cc.compile_object_cached`);
+    * the blob is written straight into a relocatable object (:mod:`kiln.runtime.elf_object`)
+      when the compiler makes ELF64 little-endian objects for a supported machine (else
+      through ``devc.S`` as before);
+    * a blob of at least 16 MiB, written as an object, is linked with gold when the compiler
+      can use it (falling back to the default linker if that link fails) and gets a build id
+      computed from the inputs (:func:`_input_build_id`) instead of by the linker, unless the
+      options already talk to the linker or ``linker=`` is given.
+    """
+    from .elf_object import read_object_header
+
+    header = None
+    crt_files = [crt_source]
+    try:
+        crt_obj = _cc.compile_object_cached(crt_source, opts, cc)
+        crt_files = [crt_obj]
+        header = read_object_header(crt_obj)  # the blob object copies the compiler's target fields
+    except (CompileError, FormatError, OSError):
+        pass  # pass the source instead: any real error is then reported by the link itself
+    files = list(module_files) + crt_files
+    link_opts = list(opts)
+    kw = dict(kwargs)
+    linker = kw.pop("linker", None)  # the caller's choice is used as given, without fallback
+    ours = False
+    if packed is not None:
+        pieces = _pieces(packed)
+        blob_size = sum(memoryview(p).nbytes for p in pieces)
+        if header is not None and header.writable:
+            if (blob_size >= _FAST_LINK_MIN_BYTES and linker is None
+                    and not any(o.startswith(_LINKER_OPTION_PREFIXES) for o in opts)):
+                linker = _cc.fast_linker(cc)
+                ours = linker is not None
+                build_id = _input_build_id(files + list(addon_files), pieces, [*opts, f"linker={linker}"], cc)
+                link_opts.append(f"-Wl,--build-id=0x{build_id}")
+            files.append(_write_blob_object(workspace, pieces, header))
+        else:
+            _, asm = _write_blob_files(workspace, pieces)
+            files.append(asm)
+    files += list(addon_files)
+
+    out = path
+    stage = None
+    if ours and "cwd" not in kw:
+        # gold names the library's base version definition after its output path, so link
+        # under a fixed name in a private directory beside the output and rename: the file
+        # then does not depend on where it is written (and appears atomically).
+        try:
+            stage = tempfile.mkdtemp(prefix=".kiln_link_", dir=os.path.dirname(path))
+            out, kw["cwd"] = "lib.so", stage
+        except OSError:
+            pass  # cannot make a directory there: link in place (the file then names its path)
+    try:
+        try:
+            _cc.create_shared(out, files, options=link_opts, cc=cc, linker=linker, **kw)
+        except CompileError:
+            if not ours:
+                raise
+            # Something the default linker accepts made the faster one fail: link as before.
+            _cc.create_shared(out, files, options=link_opts, cc=cc, **kw)
+        if stage is not None:
+            os.replace(os.path.join(stage, out), path)
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
 
 
 def _dedupe(items: Sequence[str]) -> list[str]:
@@ -151,7 +307,8 @@ def export_library(
         return path
 
     groups = _blob.group_modules(module)
-    blob_bytes = _blob.serialize(module, groups)  # raises early for unexportable modules
+    # Pieces, not one bytes: the weights are written into the workspace without being joined.
+    blob_chunks = _blob.serialize_chunks(module, groups)  # raises early for unexportable modules
     dso = groups.dso_modules
     for m in dso:
         if m.type_key == "library":
@@ -174,7 +331,7 @@ def export_library(
             raise InputError(str(err)) from None
 
     own_workspace = workspace_dir is None
-    workspace = tempfile.mkdtemp(prefix="kiln_export_") if own_workspace else os.fspath(workspace_dir)
+    workspace = tempfile.mkdtemp(prefix="kiln_export_") if own_workspace else os.path.abspath(workspace_dir)
     os.makedirs(workspace, exist_ok=True)
     try:
         obj_fmt = getattr(fcompile, "object_format", "o") if fcompile is not None else "o"
@@ -189,14 +346,14 @@ def export_library(
             modules_meta.append({"file": os.path.basename(p), "type_key": m.type_key, "functions": funcs})
         from . import crt_source_path
 
+        packed = None if blob_chunks is None else _blob.pack_chunks(blob_chunks)
         if is_tar:
             crt = os.path.join(workspace, CRT_FILE_NAME)
             shutil.copyfile(crt_source_path(), crt)
             files = saved + [crt]
             blob_name = None
-            if blob_bytes is not None:
-                blob_path, _ = _write_blob_files(workspace, _blob.pack(blob_bytes))
-                files.append(blob_path)
+            if packed is not None:
+                files.append(_write_blob_file(workspace, packed))
                 blob_name = BLOB_FILE_NAME
             addon_names = []
             for a in addon_files:
@@ -224,15 +381,19 @@ def export_library(
             writer(path, files)
             return path
 
-        files = saved + [crt_source_path()]
-        if blob_bytes is not None:
-            _, asm = _write_blob_files(workspace, _blob.pack(blob_bytes))
-            files.append(asm)
-        files += addon_files
-        compile_fn = fcompile if fcompile is not None else _cc.create_shared
-        if cc is not None:
-            kwargs["cc"] = cc
-        compile_fn(path, files, options=opts, **kwargs)
+        if fcompile is None or fcompile is _cc.create_shared:
+            _link_shared(path, saved, crt_source_path(), packed, addon_files, opts, workspace, cc=cc, **kwargs)
+        else:
+            # A custom fcompile (cross compiler, other toolchain) gets the plain inputs: it
+            # decides how sources are compiled, so the crt and blob stay source / assembly.
+            files = saved + [crt_source_path()]
+            if packed is not None:
+                _, asm = _write_blob_files(workspace, packed)
+                files.append(asm)
+            files += addon_files
+            if cc is not None:
+                kwargs["cc"] = cc
+            fcompile(path, files, options=opts, **kwargs)
         from .elf import is_elf
 
         if is_elf(path):  # a cross compiler may write another format; only ELF gets a trailer
@@ -333,8 +494,8 @@ def _load_tar(path: str) -> "Module":
         with open(man_file, "rb") as f:
             man = parse_manifest(f.read(), where)  # options allow-listed here
         files = [_member(where, m["file"], tmp) for m in man["modules"]]
-        files.append(_member(where, man["crt"], tmp))
-        files += [_member(where, a, tmp) for a in man["addons"]]
+        crt = _member(where, man["crt"], tmp)
+        addons = [_member(where, a, tmp) for a in man["addons"]]
         options = man["options"]
         packed = None
         if man["blob"] is not None:
@@ -343,10 +504,11 @@ def _load_tar(path: str) -> "Module":
                 packed = f.read()
             # Validate the blob before spending time compiling.
             _blob.decode(_blob.unpack(packed, f"{path}: {BLOB_FILE_NAME}"), f"{path}: module blob")
-            _, asm = _write_blob_files(tmp, packed)
-            files.append(asm)
         so = os.path.join(tmp, "lib.so")
-        _cc.create_shared(so, files, options=options, cwd=tmp)
+        # The regenerated blob object / devc.S go into their own directory, so they can never
+        # overwrite a member of the archive that happens to share their name.
+        work = tempfile.mkdtemp(prefix="link_", dir=tmp)
+        _link_shared(so, files, crt, packed, addons, options, work, cwd=tmp)
         mod = _load_shared(so, blob_override=packed, where=path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -42,6 +42,7 @@ __all__ = [
     "PARAMS_LIST_MAGIC",
     "TENSOR_MAGIC",
     "save_param_dict",
+    "save_param_dict_chunks",
     "load_param_dict",
     "save_param_dict_to_file",
     "load_param_dict_from_file",
@@ -96,6 +97,33 @@ def _iter_chunks(params: Mapping[str, Any]) -> Iterator[bytes | memoryview]:
         yield w.getvalue()
         if arr.nbytes:
             yield memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def save_param_dict_chunks(params: Mapping[str, NDArray | np.ndarray]) -> list[bytes | memoryview]:
+    """Serialize a dict of named tensors as a list of buffers, without joining them.
+
+    The concatenation of the buffers is exactly :func:`save_param_dict`'s output. Tensor
+    data is not copied: each tensor contributes a byte ``memoryview`` of its host memory,
+    so writing a model's weights into a file or a library section costs one copy (the
+    write) instead of three (join, length prefix, section assembly).
+
+    Parameters
+    ----------
+    params : dict of str to NDArray or numpy.ndarray
+        As for :func:`save_param_dict`. The arrays must not be modified until the
+        returned buffers have been consumed.
+
+    Returns
+    -------
+    list of bytes or memoryview
+        1-D byte buffers, in file order.
+
+    Raises
+    ------
+    InputError
+        For non-str names, non-array values or unsupported dtypes.
+    """
+    return list(_iter_chunks(params))
 
 
 def save_param_dict(params: Mapping[str, NDArray | np.ndarray]) -> bytes:

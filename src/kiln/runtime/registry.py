@@ -4,10 +4,12 @@ Global functions are plain Python callables stored by name (TVM's ``register_fun
 Module loaders are global functions named ``loadbinary_<type_key>`` taking the payload
 bytes a module wrote with ``save_to_binary`` and returning the module.
 
-Loaders of Kiln's own module types live in modules that the runtime must not import
-eagerly (they may be large or absent on a minimal deployment); :data:`BUILTIN_LOADER_MODULES`
-maps a type key to the module that registers its loader, imported the first time a loader
-for that key is asked for.
+Loaders live in modules that the runtime must not import eagerly (they may be large, or
+absent on a minimal deployment). The loader of a type key nobody registered yet is found in
+:data:`BUILTIN_LOADER_MODULES` (the runtime's own module types) or else in the plug-in
+registry (:mod:`kiln.runtime.plugins`: CUDA, OpenCL and third-party back ends, whose
+descriptors say which module registers the loader); that module is imported the first time
+a loader for the key is asked for. This module names no back end.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import importlib
 import threading
 from typing import Any, Callable, TypeVar
 
+from . import plugins as _plugins
 from .errors import FunctionNotFoundError, KilnError, LoaderNotFoundError
 
 __all__ = [
@@ -38,11 +41,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 LOADER_PREFIX = "loadbinary_"
 
-#: type key -> module whose import registers ``loadbinary_<type_key>``.
+#: type key -> module whose import registers ``loadbinary_<type_key>``: the runtime's own
+#: module types (back ends' type keys come from their plug-in descriptors).
 BUILTIN_LOADER_MODULES: dict[str, str] = {
     "GraphExecutorFactory": "kiln.runtime.executor_factory",
-    "cuda": "kiln.runtime.cuda_driver",
-    "opencl": "kiln.runtime.opencl_driver",
 }
 
 _FUNCS: dict[str, Callable[..., Any]] = {}
@@ -132,7 +134,9 @@ def register_loader(type_key: str, fn: Callable[[bytes], Any] | None = None, ove
 def register_builtin_loader_module(type_key: str, module_name: str) -> None:
     """Tell the runtime which module to import to get the loader of ``type_key``.
 
-    Lets a plug-in make its module type loadable without importing the plug-in eagerly.
+    Lets code make a module type loadable without importing its module eagerly. A back end
+    that also brings a device or a codegen describes all of them at once with a plug-in
+    descriptor instead (:mod:`kiln.runtime.plugins`); this table is consulted first.
     """
     with _LOCK:
         BUILTIN_LOADER_MODULES[type_key] = module_name
@@ -149,25 +153,57 @@ def get_loader(type_key: str) -> Callable[[bytes], Any]:
     name = LOADER_PREFIX + type_key
     f = _FUNCS.get(name)
     hint = ""
-    if f is None and type_key in BUILTIN_LOADER_MODULES:
-        modname = BUILTIN_LOADER_MODULES[type_key]
+    if f is None:
         try:
-            importlib.import_module(modname)
-        except Exception as err:  # noqa: BLE001 - a broken plug-in must not break loading others
-            hint = f" (importing {modname} failed: {type(err).__name__}: {err})"
+            _import_loader_module(type_key)
+        except _plugins.PluginError as err:  # a broken plug-in must not break loading others
+            hint = f" ({err})"
         f = _FUNCS.get(name)
     if f is None:
         with _LOCK:
             registered = sorted(n[len(LOADER_PREFIX):] for n in _FUNCS if n.startswith(LOADER_PREFIX))
-            lazy = sorted(k for k in BUILTIN_LOADER_MODULES if k not in registered and k != type_key)
+        lazy = sorted(k for k in _lazy_loader_keys(discover=True) if k not in registered and k != type_key)
         available = ", ".join(registered) or "none"
         if lazy:
             available += f" (importable on demand: {', '.join(lazy)})"
+        errors = _plugins.discovery_errors()
+        if errors:
+            available += "; plug-ins that failed to load: " + "; ".join(errors.values())
         raise LoaderNotFoundError(
             f"no loader for module type {type_key!r}: global function {name!r} is not registered"
             f"{hint}; available loaders: {available}"
         )
     return f
+
+
+def _import_loader_module(type_key: str) -> bool:
+    """Import the module that registers the loader of ``type_key``; False if none is known.
+
+    Raises
+    ------
+    kiln.runtime.plugins.PluginError
+        If the module (built-in or a plug-in's) fails to import; the message names it.
+    """
+    modname = BUILTIN_LOADER_MODULES.get(type_key)
+    if modname is not None:
+        try:
+            importlib.import_module(modname)
+        except Exception as err:  # noqa: BLE001 - reported by the caller with the type key
+            raise _plugins.PluginError(f"importing {modname} failed: {type(err).__name__}: {err}") from err
+        return True
+    plugin = _plugins.find_loader(type_key)
+    if plugin is None:
+        return False
+    _plugins.import_facet(plugin, "loader", f"the loader of module type {type_key!r}")
+    return True
+
+
+def _lazy_loader_keys(discover: bool) -> set[str]:
+    """Type keys whose loader some module registers on import (built-in or plug-in)."""
+    keys = set(BUILTIN_LOADER_MODULES)
+    for p in _plugins.list_plugins(discover_entry_points=discover):
+        keys.update(p.loaders)
+    return keys
 
 
 DESCRIBE_PREFIX = "runtime.module.describe_"
@@ -188,10 +224,10 @@ def get_payload_describer(type_key: str) -> Callable[[bytes], dict] | None:
     """The payload describer of ``type_key`` (importing its built-in module), or None."""
     name = DESCRIBE_PREFIX + type_key
     f = _FUNCS.get(name)
-    if f is None and type_key in BUILTIN_LOADER_MODULES:
+    if f is None:
         try:
-            importlib.import_module(BUILTIN_LOADER_MODULES[type_key])
-        except Exception:  # noqa: BLE001 - a broken plug-in only loses its description
+            _import_loader_module(type_key)
+        except _plugins.PluginError:  # a broken plug-in only loses its description
             return None
         f = _FUNCS.get(name)
     return f
@@ -201,5 +237,4 @@ def list_loaders() -> list[str]:
     """Type keys that have a loader registered now or importable on demand, sorted."""
     with _LOCK:
         keys = {n[len(LOADER_PREFIX):] for n in _FUNCS if n.startswith(LOADER_PREFIX)}
-        keys |= set(BUILTIN_LOADER_MODULES)
-    return sorted(keys)
+    return sorted(keys | _lazy_loader_keys(discover=True))

@@ -5,6 +5,12 @@
 >>> t.kind == "llvm", t.attrs["mcpu"], t.mattr
 (True, 'znver4', ['+avx2', '+fma'])
 
+The instruction-set model of a CPU target (vector width, registers, features, caches):
+
+>>> from kiln.target import isa_of
+>>> isa_of("llvm -mcpu=haswell").lanes("float32"), isa_of("llvm -mcpu=skylake-avx512").vector_registers
+(8, 32)
+
 Built-in kinds: ``c`` (C source compiled by the system compiler) and ``llvm`` (llvmlite).
 New kinds: :func:`register_target_kind` plus a codegen registered with
 :func:`kiln.codegen.register_codegen`.
@@ -15,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from .kind import COMMON_OPTIONS, TargetKind, get_target_kind, list_target_kinds, register_target_kind
+from .isa import ISA, KNOWN_CPUS, baseline_isa, cpu_isa, host_isa, isa_of, parse_cpuinfo
 from .target import Target, host_cpu_features, host_cpu_name
 
 
@@ -26,4 +33,5 @@ def create(target: Any) -> Target:
 __all__ = [
     "Target", "TargetKind", "register_target_kind", "get_target_kind", "list_target_kinds", "COMMON_OPTIONS",
     "host_cpu_name", "host_cpu_features", "create",
+    "ISA", "isa_of", "host_isa", "baseline_isa", "cpu_isa", "parse_cpuinfo", "KNOWN_CPUS",
 ]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import functools
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.errors import TargetError
 from .kind import TargetKind, get_target_kind, register_target_kind
+
+if TYPE_CHECKING:
+    from .isa import ISA
 
 __all__ = ["Target", "host_cpu_name", "host_cpu_features"]
 
@@ -89,6 +92,13 @@ class Target:
     def mattr(self) -> list[str]:
         """The ``-mattr`` features ([] when the kind has none)."""
         return list(self.attrs.get("mattr", []) or [])
+
+    @property
+    def isa(self) -> "ISA":
+        """The CPU instruction-set model, :func:`kiln.target.isa_of` (``TargetError`` for GPUs)."""
+        from .isa import isa_of  # isa.py imports this module
+
+        return isa_of(self)
 
     def get(self, key: str, default: Any = None) -> Any:
         """An attribute by name."""
@@ -215,7 +225,17 @@ def _register_builtin_kinds() -> None:
     register_target_kind("c", {**cpu_opts, "cc": (str, ""), "cflags": (list, [])}, default_keys=("cpu",),
                          override=True)
     # The GPU kinds are declared here, with the CPU ones, so that naming a target never imports a
-    # code generator (target sits below codegen); kiln.codegen loads their codegens on first build.
+    # code generator (target sits below codegen); their codegens and device runtimes are plug-ins
+    # (kiln.runtime.plugins), imported on first build / first use.
+    #
+    # Every GPU kind also carries the knobs of the GPU schedules (kiln.topi.schedule.gpu), so a
+    # new GPU kind brings its own values and a target string can change them for one build:
+    #   tree_max_outputs -- reductions with at most this many outputs (and >= 32 terms each) are
+    #                       work-group tree reductions; others get one work-item per output;
+    #   shared_tiles     -- op tags (dense, matmul, conv2d_nchw) scheduled with local-memory
+    #                       tiles instead of register tiles.
+    # A GPU kind without them gets the schedules' fallback (1, none), the choices measured best
+    # on PoCL.
     register_target_kind("cuda", {
         "arch": (str, "sm_80"),  # PTX for this architecture; the driver JITs it for newer GPUs
         "max_num_threads": (int, 1024),
@@ -224,9 +244,23 @@ def _register_builtin_kinds() -> None:
         "fast_math": (bool, False),
         "options": (list, []),
         "binary": (str, "ptx"),
+        # One work-item per output leaves a discrete GPU idle below a few thousand outputs, so
+        # trees go up to the schedules' MIN_WORK_ITEMS (256) - 1 outputs, and shared-memory
+        # blocking is what GEMMs on such GPUs rely on. NOT measured (no GPU here): measure with
+        # tests/cuda on a GPU and switch off what does not pay.
+        "tree_max_outputs": (int, 255),
+        "shared_tiles": (list, ["dense", "matmul", "conv2d_nchw"]),
     }, default_keys=("cuda", "gpu"), device_type=2, override=True)
     register_target_kind("opencl", {
         "max_num_threads": (int, 256),  # work-items per work-group the GPU schedules aim for
+        # Measured on PoCL (OpenCL on the 2-core CPU; tables in docs/devices.md): trees tie or win
+        # for a single output and lose for a few (PoCL runs a group's per-output loops as SIMD
+        # lanes, and each barrier splits the group's work-item loop); local tiles are 2.8-4.6x
+        # slower than register tiles for every dense / batch matmul / conv case
+        # (`python bench/bench_opencl_local.py`), since PoCL backs local memory with ordinary
+        # memory and serializes work-items between barriers.
+        "tree_max_outputs": (int, 1),
+        "shared_tiles": (list, []),
     }, default_keys=("opencl", "gpu"), device_type=4, override=True)
 
 

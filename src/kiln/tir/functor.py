@@ -15,7 +15,7 @@ from .expr import (
 )
 from .stmt import Allocate, BufferStore, Evaluate, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
-__all__ = ["Mutator", "post_order_visit", "substitute", "collect_vars", "uses_var"]
+__all__ = ["loop_closure", "Mutator", "post_order_visit", "substitute", "collect_vars", "uses_var"]
 
 
 class Mutator:
@@ -180,3 +180,30 @@ def collect_vars(node: Any) -> set[Var]:
 def uses_var(node: Any, vs: set[Var]) -> bool:
     """True when ``node`` references any variable of ``vs``."""
     return bool(collect_vars(node) & vs)
+
+
+def loop_closure(loop: Any) -> tuple[list[Any], list[Var]]:
+    """What the body of ``loop`` uses from outside it: ``(buffers, scalar variables)``.
+
+    Buffers are those loaded or stored and not allocated inside the body, in first-use order;
+    scalars are the non-handle variables bound outside (the loop's own variable excluded), in
+    no particular order. The code generators pass exactly these to an outlined parallel body.
+    """
+    inner: set[int] = set()
+    used: dict[int, Any] = {}
+
+    def visit(n: Any) -> None:
+        if isinstance(n, For):
+            inner.add(id(n.loop_var))
+        elif isinstance(n, LetStmt):
+            inner.add(id(n.var))
+        elif isinstance(n, Allocate):
+            inner.add(id(n.buffer.data))
+        elif isinstance(n, (Load, BufferStore)):
+            used[id(n.buffer.data)] = n.buffer
+
+    post_order_visit(loop.body, visit)
+    bufs = [b for key, b in used.items() if key not in inner]
+    scalars = [v for v in collect_vars(loop.body)
+               if v.dtype != "handle" and id(v) not in inner and v is not loop.loop_var]
+    return bufs, scalars

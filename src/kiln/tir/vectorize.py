@@ -21,7 +21,7 @@ from typing import Sequence
 
 from .dtype import bits_of
 from .expr import BinaryOp, Call, Cast, IntImm, Load, Not, PrimExpr, Select, Var, structural_equal
-from .functor import collect_vars, post_order_visit, substitute
+from .functor import _children, collect_vars, post_order_visit, substitute
 from .simplify import simplify
 from .stmt import Buffer, BufferStore, For, SeqStmt, Stmt
 
@@ -156,10 +156,17 @@ _VEC_CALLS = ("exp", "erf", "tanh")
 _VEC_BINARY = ("add", "sub", "mul", "div", "min", "max", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
 
 
-def _needs_lanes(e: PrimExpr, v: Var, rng: dict[Var, tuple[int, int]]) -> bool:
+def _needs_lanes(e: PrimExpr, v: Var, rng: dict[Var, tuple[int, int]],
+                 uses: dict[int, bool] | None = None) -> bool:
     """True when some part of ``e`` that depends on ``v`` has no vector form in the codegens."""
-    if v not in collect_vars(e):
+    # which subtrees use v, answered once per node (a fresh collect_vars per level is quadratic)
+    uses = _uses_var(e, v) if uses is None else uses
+    if not uses[id(e)]:
         return False
+
+    def sub(x: PrimExpr) -> bool:
+        return _needs_lanes(x, v, rng, uses)
+
     if isinstance(e, Var):
         return e.dtype not in ("int32", "int64")
     if isinstance(e, Load):
@@ -169,20 +176,30 @@ def _needs_lanes(e: PrimExpr, v: Var, rng: dict[Var, tuple[int, int]]) -> bool:
             return True
         if e.op not in ("and", "or") and e.a.dtype not in VECTOR_DTYPES:
             return True
-        return _needs_lanes(e.a, v, rng) or _needs_lanes(e.b, v, rng)
+        return sub(e.a) or sub(e.b)
     if isinstance(e, Not):
-        return _needs_lanes(e.a, v, rng)
+        return sub(e.a)
     if isinstance(e, Cast):
-        return (e.dtype not in VECTOR_DTYPES or e.value.dtype not in VECTOR_DTYPES
-                or _needs_lanes(e.value, v, rng))
+        return e.dtype not in VECTOR_DTYPES or e.value.dtype not in VECTOR_DTYPES or sub(e.value)
     if isinstance(e, Call):
-        return (e.op not in _VEC_CALLS or e.dtype != "float32"
-                or any(_needs_lanes(a, v, rng) for a in e.args))
+        return e.op not in _VEC_CALLS or e.dtype != "float32" or any(sub(a) for a in e.args)
     if isinstance(e, Select):
         if e.dtype not in VECTOR_DTYPES or _has_load(e.true_value) or _has_load(e.false_value):
             return True
-        return any(_needs_lanes(x, v, rng) for x in (e.cond, e.true_value, e.false_value))
+        return any(sub(x) for x in (e.cond, e.true_value, e.false_value))
     return True
+
+
+def _uses_var(e: PrimExpr, v: Var) -> dict[int, bool]:
+    """``id(node) -> node references v`` for every node of ``e`` (one post-order pass)."""
+    out: dict[int, bool] = {}
+
+    def f(n: object) -> None:
+        if id(n) not in out:
+            out[id(n)] = n is v or any(out.get(id(c), False) for c in _children(n))
+
+    post_order_visit(e, f)
+    return out
 
 
 def _has_load(e: PrimExpr) -> bool:

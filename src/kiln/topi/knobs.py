@@ -13,6 +13,17 @@ plus the anchor's input shapes, dtype and (for convolutions) strides / padding /
 The target (kind + ``-mcpu``) is kept apart, in :func:`target_key`: a context is created for
 one target and holds only that target's records.
 
+The ranges of the register-tile knobs come from the target's instruction set
+(:func:`knob_space`): columns are one to four vectors, rows go as far as the register rule of
+:func:`kiln.topi.schedule.x86.gemm_register_tile` allows, so every ISA's default tile (AVX2
+6 x 16, AVX-512 6 x 64 and 12 rows beside a 16-wide panel) is inside its own space.
+:data:`KNOB_SPACES` holds the spaces of the schedules' no-target ISA (x86-64-v3).
+
+:func:`kernel_target` is the other half of the context: the computes registered for graph ops
+take no target argument, yet a dense must lay its packed weight out for the target's vector
+width; whoever lowers a graph's kernels for a target calls them inside
+``with kernel_target(target):`` (without it they lay out for the no-target ISA).
+
 The knobs are a kernel-layer concept: the schedules of :mod:`kiln.topi` ask them, and so does
 the layout pass (:mod:`kiln.transform`, one layer up) to pick the blocking a convolution
 schedule will use. :mod:`kiln.autotune` (the measured search, on top of the driver) re-exports
@@ -21,16 +32,18 @@ them as :mod:`kiln.autotune.space`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ..target import Target
+from ..target import ISA, Target
 
 __all__ = ["KNOB_SPACES", "TUNABLE_KINDS", "ConfigSpace", "DispatchContext", "current_config",
-           "current_context", "workload_key", "target_key", "Query"]
+           "current_context", "workload_key", "target_key", "Query", "knob_space", "kernel_target",
+           "current_kernel_target"]
 
 #: A workload: ``(kind, *parameters)``, all ints / strings / nested tuples (JSON round-trips it
 #: as lists; :func:`workload_key` normalises both to tuples).
@@ -77,7 +90,7 @@ class ConfigSpace:
         return all(k in self.knobs for k in cfg)
 
 
-#: The tunable kernel kinds and their spaces.
+#: The tunable kernel kinds (the spaces are :func:`knob_space`'s):
 #:
 #: - ``dense`` / ``matmul``: register tile ``mt`` rows x ``nt`` columns; ``nt`` is also the panel
 #:   width of the packed right operand (a packed kernel's column tile must be whole panels).
@@ -87,13 +100,98 @@ class ConfigSpace:
 #:   ``row_outer``: forced).
 #: - ``conv2d_layout``: output-channel block ``ob`` the layout pass gives a convolution (0 = the
 #:   default rule from the output width). Read by :mod:`kiln.transform.alter_layout`.
-KNOB_SPACES: dict[str, ConfigSpace] = {
-    "dense": ConfigSpace("dense", {"mt": (1, 2, 3, 4, 5, 6, 7, 8), "nt": (8, 16, 24, 32)}),
-    "matmul": ConfigSpace("matmul", {"mt": (1, 2, 3, 4, 5, 6, 7, 8), "nt": (8, 16, 24, 32)}),
-    "conv2d_nchwc": ConfigSpace("conv2d_nchwc", {"xt": (0, 1, 2, 3, 4, 5, 6, 7, 8, 14),
-                                                 "order": ("auto", "block_outer", "row_outer")}),
-    "conv2d_layout": ConfigSpace("conv2d_layout", {"ob": (0, 4, 8, 16, 32)}),
-}
+_KINDS = ("dense", "matmul", "conv2d_nchwc", "conv2d_layout")
+
+#: Pixels of a blocked-conv register tile the tuner tries besides 0 (the rule's choice); 14
+#: is the largest tile the conv schedule ever makes (``x86_conv.MAX_X_TILE``).
+_XT_VALUES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 14)
+
+
+def _isa_of_space(target: Any) -> ISA:
+    # imported here: the schedules import this module for current_config
+    from .schedule.x86 import schedule_isa
+
+    return schedule_isa(target)
+
+
+def knob_space(kind: str, target: Any = None) -> ConfigSpace:
+    """The knob values the tuner may try for ``kind`` on ``target``'s instruction set.
+
+    Derived from :func:`kiln.target.isa_of` with ``L`` float32 lanes and ``R`` vector registers:
+
+    * ``dense`` / ``matmul``: ``nt`` in ``L, 2L, 3L, 4L`` (one to four vectors — the widths the
+      register rule considers — plus the ISA's default tile width), ``mt`` from 1 to the most
+      rows :func:`~kiln.topi.schedule.x86.gemm_register_tile` fits beside any of those widths
+      (at least 8).  AVX2: ``nt`` 8…32, ``mt`` 1…12; AVX-512: ``nt`` 16…64, ``mt`` 1…12; SSE2
+      and NEON: ``nt`` 4…16.
+    * ``conv2d_layout``: ``ob`` 0 (the rule) and ``L/2`` (at least 4), ``L``, ``2L``, ``4L``:
+      AVX2 4, 8, 16, 32; AVX-512 8…64.
+    * ``conv2d_nchwc``: pixels and loop order, which do not depend on the vector width.
+
+    Parameters
+    ----------
+    kind : str
+        One of the tunable kinds (``"dense"``, ``"matmul"``, ``"conv2d_nchwc"``,
+        ``"conv2d_layout"``).
+    target : Target or str, optional
+        A CPU target; None means the schedules' no-target ISA (x86-64-v3, AVX2).
+
+    Returns
+    -------
+    ConfigSpace
+
+    Raises
+    ------
+    KeyError
+        For an unknown kind.
+    """
+    if kind not in _KINDS:
+        raise KeyError(f"no knob space for kernel kind {kind!r}; known: {', '.join(_KINDS)}")
+    return _space_for(kind, _isa_of_space(target))
+
+
+def _space_for(kind: str, isa: ISA) -> ConfigSpace:
+    from .schedule.x86 import gemm_register_tile
+
+    lanes = isa.lanes("float32")
+    if kind in ("dense", "matmul"):
+        nts = sorted({lanes * v for v in (1, 2, 3, 4)} | {gemm_register_tile(isa)[1]})
+        rows = max([8] + [gemm_register_tile(isa, nt=nt)[0] for nt in nts])
+        return ConfigSpace(kind, {"mt": tuple(range(1, rows + 1)), "nt": tuple(nts)})
+    if kind == "conv2d_layout":
+        return ConfigSpace(kind, {"ob": (0,) + tuple(sorted({max(4, lanes // 2), lanes, 2 * lanes, 4 * lanes}))})
+    return ConfigSpace(kind, {"xt": _XT_VALUES, "order": ("auto", "block_outer", "row_outer")})
+
+
+class _NoTargetSpaces(Mapping[str, ConfigSpace]):
+    """``KNOB_SPACES``: :func:`knob_space` of every kind for no target, built on first use
+    (the register rule lives in the schedules, which import this module)."""
+
+    def __init__(self) -> None:
+        self._spaces: dict[str, ConfigSpace] | None = None
+
+    def _all(self) -> dict[str, ConfigSpace]:
+        if self._spaces is None:
+            self._spaces = {k: knob_space(k) for k in _KINDS}
+        return self._spaces
+
+    def __getitem__(self, kind: str) -> ConfigSpace:
+        return self._all()[kind]
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in _KINDS
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KINDS)
+
+    def __len__(self) -> int:
+        return len(_KINDS)
+
+
+#: The spaces of the schedules' no-target ISA (x86-64-v3: ``nt`` 8…32, ``mt`` 1…12); a tuner
+#: for a named target asks :func:`knob_space` instead.  Its keys are the knob names a tuning
+#: log may hold.
+KNOB_SPACES: Mapping[str, ConfigSpace] = _NoTargetSpaces()
 
 #: Kinds the tuner measures by building one kernel (``conv2d_layout`` changes the graph, so it
 #: is applied from a log but not searched).
@@ -213,6 +311,41 @@ def current_context() -> DispatchContext | None:
     """The innermost active :class:`DispatchContext`, or None."""
     st = _stack()
     return st[-1] if st else None
+
+
+_target_local = threading.local()
+
+
+@contextlib.contextmanager
+def kernel_target(target: Any) -> Iterator[None]:
+    """Lay kernels out for ``target`` while active: the registered computes read it.
+
+    A compute registered for a graph op is called as ``fn(attrs, inputs, out_types)``, without
+    the target, yet some must choose a data layout for its vector width (the packed panels of
+    :func:`kiln.topi.nn.dense`).  Code that lowers a graph's kernels for ``target`` calls them
+    inside ``with kernel_target(target):``; outside one (direct calls from tests and tools)
+    they lay out for the schedules' no-target ISA, which the schedules assume too.  A GPU
+    target is allowed and means the same as None.
+
+    Parameters
+    ----------
+    target : Target, str or None
+        A CPU target (None: no target).
+    """
+    stack = getattr(_target_local, "stack", None)
+    if stack is None:
+        stack = _target_local.stack = []
+    stack.append(target)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def current_kernel_target() -> Any:
+    """The target of the innermost active :func:`kernel_target`, or None."""
+    stack = getattr(_target_local, "stack", None)
+    return stack[-1] if stack else None
 
 
 def current_config(kind: str, workload: Workload, defaults: Mapping[str, Any]) -> dict[str, Any]:

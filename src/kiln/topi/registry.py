@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..runtime.errors import KilnError
+from ..target.kind import get_target_kind
 
 __all__ = [
     "ComputeFn", "ScheduleFn", "register_compute", "get_compute", "has_compute", "list_computes",
@@ -62,6 +63,14 @@ def _key(op_name_or_pattern: Any) -> str:
     if not isinstance(op_name_or_pattern, str) or not op_name_or_pattern:
         raise KilnError(f"schedule key must be an op name or an OpPattern, got {op_name_or_pattern!r}")
     return f"op:{op_name_or_pattern}"
+
+
+def _kind_keys(kind: str) -> list[str]:
+    """The registered default keys of a target kind (none for an unknown kind or "generic")."""
+    try:
+        return get_target_kind(kind).default_keys
+    except KilnError:  # "generic" or an unregistered kind: no keys
+        return []
 
 
 def target_kind(target: Any) -> str:
@@ -189,7 +198,7 @@ def get_schedule(anchor_op_name: str | None, pattern: Any, target: Any) -> Sched
     if pk is not None:
         keys.append(pk)
     # GPU targets (keys contain "gpu") prefer any GPU schedule over the generic CPU ones
-    gpu = "gpu" in (getattr(target, "keys", None) or ()) or kind in ("opencl", "cuda")
+    gpu = "gpu" in (getattr(target, "keys", None) or _kind_keys(kind))
     order = ([(key, k) for k in (kind, "gpu") for key in keys] + [(key, "generic") for key in keys] if gpu
              else [(key, k) for key in keys for k in (kind, "generic")])
     for key, k in order:

@@ -11,13 +11,27 @@ its last convolution.  A ``layout_transform`` back to NCHW is inserted only wher
 reaches another op (average / global pooling, reshape, graph output ...), at most once per value; the
 transform into the blocked layout likewise at most once per (value, block).
 
-Block choice (AVX2, 8 float lanes): the schedule's register tile is ``xt`` output pixels ×
-``ob`` channels with ``xt`` dividing the output width.  With ``ob = 16`` (two vectors) at
-most 6 pixels fit the 16 ymm registers, with ``ob = 8`` up to 14; widths 7 and 14 (ResNet's
-last stages, MobileNetV2's tail) have no divisor in 4..6, so they get ``ob = 8`` and tiles of
-7 / 14, the others ``ob = 16``.  Measured on Zen 3, 1 thread: 3×3 256→256 at 14×14
-43 GFLOP/s with ob 16 (tile 7, spills) vs 75 with ob 8; 64→64 at 56×56: 78 with ob 16.
-``ib`` is whatever block the producer already has (any divisor of C is legal).
+Block choice, from the target's instruction set (:func:`kiln.target.isa_of`, ``L`` float32
+lanes, ``R`` vector registers; no target: the schedules' x86-64-v3): the schedule's register
+tile is ``xt`` output pixels × ``ob`` channels with ``xt`` dividing the output width and
+``xt·v + v + 1 <= R`` for ``v = ob / L`` vectors (``x86_conv.max_x_tile``).  The *wide* block
+is ``max(2L, 16)`` channels, the *narrow* one half of it; the wide block is used when the row
+fits one tile or a tile of it with at least 8 accumulators divides the width.
+
+* AVX2 (``L`` 8, ``R`` 16): 16 / 8.  ``ob = 16`` fits at most 6 pixels, so widths 7 and 14
+  (ResNet's last stages, MobileNetV2's tail), which have no divisor in 4..6, get ``ob = 8``
+  and tiles of 7 / 14.  Measured on Zen 3, 1 thread: 3×3 256→256 at 14×14 43 GFLOP/s with ob
+  16 (tile 7, spills) vs 75 with ob 8; 64→64 at 56×56: 78 with ob 16.
+* SSE2 (``L`` 4, ``R`` 16): 16 / 8 — four ``xmm`` per pixel, tiles of 2 pixels.  SSE2 has no
+  broadcast load: every input value costs a shuffle, so it should feed as many vectors as
+  possible.  Measured (Zen 3 VM shared with other jobs, ``KILN_NUM_THREADS=1``, ``llvm``,
+  ResNet-18 built both ways in one process, median of 30 interleaved runs, two sessions):
+  two-vector blocks (8 / 4) 256 and 283 ms, 16 / 8 blocks 211 and 261 ms.
+* AVX-512 (``L`` 16, ``R`` 32): 32 / 16 (two ``zmm`` fit 14 pixels); NEON (``L`` 4, ``R``
+  32): 16 / 8.  Neither could be measured here.
+
+``ib`` is whatever block the producer already has (any divisor of C is legal), else the wide
+or the narrow block.
 """
 
 from __future__ import annotations
@@ -26,8 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from ..topi.knobs import current_config, workload_key
 from ..ir import Graph, OpPattern, Value, get_op
+from ..target import ISA
+from ..topi.knobs import current_config, workload_key
+from ..topi.schedule.x86 import schedule_isa
+from ..topi.schedule.x86_conv import max_x_tile
 from ..ir.ops.layout import convert_layout
 from .pipeline import Pass
 from .simplify import dead_code_elimination
@@ -45,8 +62,33 @@ def _largest_divisor(n: int, cap: int) -> int:
     return 1
 
 
-def choose_out_block(channels: int, out_width: int) -> int:
+#: Fewest channels of a wide block: one 64-byte cache line of float32.  On 16-byte vectors
+#: that is four registers per pixel, which measured faster than two (SSE2 has no broadcast
+#: load, so each input value's shuffle should feed as many vectors as possible; see the
+#: module docstring).
+_MIN_WIDE_BLOCK = 16
+
+
+#: Fewest accumulators of a wide-block tile that divides the row: 8 (AVX2: 4 pixels of two
+#: vectors, the measured Zen 3 threshold; it is also ``min_accumulators`` of Zen 3 and of the
+#: x86-64 levels).  Fixed rather than ``isa.min_accumulators`` so that Haswell (10) keeps the
+#: blocks it had: no Haswell was available to measure a change.
+_MIN_TILE_ACCUMULATORS = 8
+
+
+def _block_sizes(isa: ISA) -> tuple[int, int]:
+    """(wide, narrow) channel blocks: ``max(2L, 16)`` and half of it."""
+    wide = max(2 * isa.lanes("float32"), _MIN_WIDE_BLOCK)
+    return wide, wide // 2
+
+
+def choose_out_block(channels: int, out_width: int, isa: ISA | None = None, depthwise: bool = False) -> int:
     """Output-channel block of a blocked convolution (see the module docstring).
+
+    The wide block when the whole row fits one register tile (``x86_conv.max_x_tile``), or
+    a tile of ``xt`` pixels dividing ``out_width`` fits with at least
+    :data:`_MIN_TILE_ACCUMULATORS` accumulators (``xt · v`` for ``v`` vectors per pixel);
+    else the narrow block; else the largest divisor of ``channels`` up to the wide block.
 
     Parameters
     ----------
@@ -54,29 +96,42 @@ def choose_out_block(channels: int, out_width: int) -> int:
         Output channels ``O``.
     out_width : int
         Output width ``OW``.
+    isa : ISA, optional
+        The target's instruction set (default: the schedules' no-target ISA, x86-64-v3).
+    depthwise : bool
+        A depthwise convolution (its tile keeps one more register for the input vector).
 
     Returns
     -------
     int
-        16, 8, or the largest divisor of ``channels`` up to 16.
+        AVX2: 16, 8 or a divisor up to 16; SSE2: 16, 8; AVX-512: 32, 16; NEON: 16, 8.
     """
-    fits16 = out_width <= 6 or any(out_width % t == 0 for t in (4, 5, 6))
-    if channels % 16 == 0 and fits16:
-        return 16
-    if channels % 8 == 0:
-        return 8
-    return _largest_divisor(channels, 16)
+    isa = isa if isa is not None else schedule_isa(None)
+    lanes = isa.lanes("float32")
+    wide, narrow = _block_sizes(isa)
+    vecs = max(1, -(-wide // lanes))
+    most = max_x_tile(wide, lanes, depthwise, isa.vector_registers)
+    least = max(1, -(-_MIN_TILE_ACCUMULATORS // vecs))
+    fits = out_width <= most or any(out_width % t == 0 for t in range(least, most + 1))
+    if channels % wide == 0 and fits:
+        return wide
+    if channels % narrow == 0:
+        return narrow
+    return _largest_divisor(channels, wide)
 
 
-def choose_in_block(channels: int) -> int:
-    """Block of a convolution input that is not blocked yet: 16, 8, or a divisor of ``channels``."""
-    for b in (16, 8):
+def choose_in_block(channels: int, isa: ISA | None = None) -> int:
+    """Block of a convolution input that is not blocked yet: the wide block, the narrow one,
+    or a divisor of ``channels`` up to the wide block (AVX2: 16, 8; AVX-512: 32, 16)."""
+    isa = isa if isa is not None else schedule_isa(None)
+    wide, narrow = _block_sizes(isa)
+    for b in (wide, narrow):
         if channels % b == 0:
             return b
-    return _largest_divisor(channels, 16)
+    return _largest_divisor(channels, wide)
 
 
-def _conv_plan(node: Any, data_block: int | None) -> tuple[int, int] | None:
+def _conv_plan(node: Any, data_block: int | None, isa: ISA) -> tuple[int, int] | None:
     """``(ib, ob)`` for an eligible conv2d node, else None."""
     data, weight = node.inputs
     if data.dtype != "float32" or weight.dtype != "float32" or len(data.shape) != 4:
@@ -92,15 +147,15 @@ def _conv_plan(node: Any, data_block: int | None) -> tuple[int, int] | None:
     if tuned_ob < 4 or o % tuned_ob:
         tuned_ob = 0
     if g == 1:
-        ob = tuned_ob or choose_out_block(o, ow)
-        ib = data_block if data_block and c % data_block == 0 else choose_in_block(c)
+        ob = tuned_ob or choose_out_block(o, ow, isa)
+        ib = data_block if data_block and c % data_block == 0 else choose_in_block(c, isa)
         # blocks below 4 lanes would run mostly scalar code: NCHW's kernel is as good there
         if ob < 4:
             return None
         return ib, ob
     if g == c and o == c and cg == 1:
         b = data_block if data_block and c % data_block == 0 and data_block >= 4 else (
-            tuned_ob or choose_out_block(c, ow))
+            tuned_ob or choose_out_block(c, ow, isa, depthwise=True))
         return (b, b) if b >= 4 else None
     return None
 
@@ -161,7 +216,7 @@ def _channel_const(v: Value, shape: tuple[int, ...]) -> np.ndarray | None:
     return np.broadcast_to(arr.reshape(full[1]), (c,))
 
 
-def alter_conv_layout(graph: Graph) -> Graph:
+def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
     """Rewrite conv2d chains into the blocked layout (see the module docstring).
 
     Parameters
@@ -169,6 +224,9 @@ def alter_conv_layout(graph: Graph) -> Graph:
     graph : Graph
         A typed graph, params bound as constants (weights are re-stored at build time only
         when they are constants; otherwise a ``layout_transform`` node packs them at run time).
+    target : Target or str, optional
+        The CPU target the kernels are built for: its vector width sets the channel blocks
+        (default: the schedules' no-target ISA, x86-64-v3 / AVX2).
 
     Returns
     -------
@@ -177,6 +235,7 @@ def alter_conv_layout(graph: Graph) -> Graph:
     """
     if not any(n.op == "conv2d" for n in graph.nodes):
         return graph
+    isa = schedule_isa(target)
     bld = _Builder(graph)
     g = bld.g
     for node in graph.nodes:
@@ -185,7 +244,7 @@ def alter_conv_layout(graph: Graph) -> Graph:
             bld.copy(node)
             continue
         if op == "conv2d":
-            plan = _conv_plan(node, bld.block_of(node.inputs[0]))
+            plan = _conv_plan(node, bld.block_of(node.inputs[0]), isa)
             if plan is None:
                 bld.copy(node)
                 continue
@@ -249,6 +308,13 @@ def alter_conv_layout(graph: Graph) -> Graph:
     return dead_code_elimination(g)
 
 
-def AlterConvLayout() -> Pass:  # noqa: N802 - pass constructor, TVM style
-    """:func:`alter_conv_layout` as a pass (``opt_level`` 3; disable by name ``AlterConvLayout``)."""
-    return Pass(alter_conv_layout, "AlterConvLayout", opt_level=3)
+def AlterConvLayout(target: Any = None) -> Pass:  # noqa: N802 - pass constructor, TVM style
+    """:func:`alter_conv_layout` for ``target`` as a pass (``opt_level`` 3; disable by name
+    ``AlterConvLayout``).
+
+    Parameters
+    ----------
+    target : Target or str, optional
+        Sets the channel blocks from its vector width (default: x86-64-v3, AVX2).
+    """
+    return Pass(lambda graph: alter_conv_layout(graph, target), "AlterConvLayout", opt_level=3)

@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,6 +242,73 @@ KILN_DLL void (*__KilnAPISetLastError)(const char*) = kiln_default_set_last_erro
 /* The thread count of whichever pool __KilnBackendParallelLaunch uses. */
 KILN_DLL void KilnSetNumThreads(int32_t n) { __KilnBackendSetNumThreads(n); }
 KILN_DLL int32_t KilnGetNumThreads(void) { return __KilnBackendGetNumThreads(); }
+
+/* ---------------- kernel argument checks ---------------- */
+/* Shared by the C and LLVM code generators, so that every kernel reports a bad argument in the
+ * same words and a kernel's own code carries only a call and a constant shape table. */
+static const char* kiln_dtype_name(uint8_t code, uint8_t bits, uint16_t lanes, char* buf, size_t n) {
+  const char* base = code == 0 ? "int" : code == 1 ? "uint" : code == 2 ? "float" : code == 4 ? "bfloat"
+                   : code == 6 ? "bool" : "code";
+  if (code == 6) snprintf(buf, n, "bool");
+  else if (lanes != 1) snprintf(buf, n, "%s%dx%d", base, bits, lanes);
+  else snprintf(buf, n, "%s%d", base, bits);
+  return buf;
+}
+
+static const char* kiln_shape_text(int32_t ndim, const int64_t* shape, char* buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "(");
+  for (int32_t i = 0; i < ndim && k < n; ++i)
+    k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
+  if (k < n) snprintf(buf + k, n - k, ndim == 1 ? ",)" : ")");
+  return buf;
+}
+
+__attribute__((visibility("hidden"), format(printf, 1, 2))) int32_t KilnErrorf(const char* fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  __KilnAPISetLastError(msg);
+  return -1;
+}
+
+__attribute__((visibility("hidden"))) int32_t KilnCheckTensorArg(const char* fn, int32_t i, const char* name,
+                                                                 const int32_t* type_codes, const KilnValue* args,
+                                                                 int32_t ndim, const int64_t* shape, uint8_t code,
+                                                                 uint8_t bits) {
+  char a[160], b[160];
+  if (type_codes[i] != kKilnDLTensorHandle)
+    return KilnErrorf("%s: argument %d (%s) expected a DLTensor (type code 7), got type code %d", fn, i, name,
+                           type_codes[i]);
+  const DLTensor* t = (const DLTensor*)args[i].v_handle;
+  if (t == NULL) return KilnErrorf("%s: argument %d (%s) is a NULL DLTensor", fn, i, name);
+  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+    return KilnErrorf("%s: argument %d (%s) expected a CPU tensor, got device type %d", fn, i, name,
+                           (int)t->device.device_type);
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1)
+    return KilnErrorf("%s: argument %d (%s) expected dtype %s, got %s", fn, i, name,
+                           kiln_dtype_name(code, bits, 1, a, sizeof(a)),
+                           kiln_dtype_name(t->dtype.code, t->dtype.bits, t->dtype.lanes, b, sizeof(b)));
+  if (t->ndim != ndim)
+    return KilnErrorf("%s: argument %d (%s) expected ndim %d with shape %s, got ndim %d with shape %s", fn, i,
+                           name, ndim, kiln_shape_text(ndim, shape, a, sizeof(a)), t->ndim,
+                           kiln_shape_text(t->ndim, t->shape, b, sizeof(b)));
+  for (int32_t k = 0; k < ndim; ++k)
+    if (t->shape[k] != shape[k])
+      return KilnErrorf("%s: argument %d (%s) expected shape %s, got %s", fn, i, name,
+                             kiln_shape_text(ndim, shape, a, sizeof(a)), kiln_shape_text(ndim, t->shape, b, sizeof(b)));
+  if (t->strides != NULL) {
+    int64_t expect = 1;
+    for (int32_t k = ndim - 1; k >= 0; --k) {
+      if (shape[k] != 1 && t->strides[k] != expect)
+        return KilnErrorf("%s: argument %d (%s) must be compact row-major (stride of dim %d is %lld, "
+                               "expected %lld)", fn, i, name, k, (long long)t->strides[k], (long long)expect);
+      expect *= shape[k];
+    }
+  }
+  return 0;
+}
 
 /* ---------------- executor dispatch ---------------- */
 KILN_DLL int32_t KilnRunSequence(const KilnOpCall* calls, int32_t n) {

@@ -1,14 +1,22 @@
 """Dense (``x @ W^T``) and batched matmul.
 
-Both read their right operand through a *packed* copy: ``(ceil(N / bn), K, bn)`` panels
-(``bn`` = :data:`DENSE_PACK_BN`, two AVX2 vectors), zero-padded in N.  A column block of
+Both read their right operand through a *packed* copy: ``(ceil(N / bn), K, bn)`` panels,
+zero-padded in N, with ``bn`` = :func:`dense_panel_width` of the target's instruction set
+(the column count of its GEMM register tile: 8 for SSE2, 16 for AVX2 and NEON, 64 for
+AVX-512; :data:`DENSE_PACK_BN` when no target is known).  A column block of
 the output then reads one contiguous panel row per ``k`` — one cache line, no 4 KiB
 aliasing between the rows of a wide ``B`` — and the x86 schedule builds each panel right
 before the column block that uses it (``compute_at``), so the copy is one pass over the
 weights done while they are in cache anyway.  The pack stages are tagged
 :data:`TAG_DENSE_PACK` so schedules find them.  A dense with at most
 :data:`DENSE_GEMV_MAX_M` rows (a classifier's final FC) is a memory-bound GEMV instead:
-partial dot products along K (:data:`TAG_DENSE_GEMV`), no packing.
+partial dot products along K (:data:`TAG_DENSE_GEMV`, :func:`gemv_lanes` per output), no packing.
+
+The layout is decided here, in the compute, and nowhere else: the pack stage and the
+anchor's ``bn`` attribute come from the same number, and the x86 schedule tiles columns by
+``attrs["bn"]`` (rows by what fits beside a panel), so the two always agree.  The target
+comes from the ``target`` argument or, for the registered computes (whose signature has
+none), from an active :func:`kiln.topi.knobs.kernel_target`.
 """
 
 from __future__ import annotations
@@ -16,13 +24,15 @@ from __future__ import annotations
 from typing import Any
 
 from ... import te
-from ..knobs import current_config, workload_key
+from ...runtime.errors import TargetError
+from ...target import ISA
+from ..knobs import current_config, current_kernel_target, workload_key
 from ..broadcast import broadcast_shape
 from ..registry import register_compute
 from ..util import TAG_ELEMWISE, acc_dtype, prod
 
-__all__ = ["dense", "matmul", "TAG_DENSE", "TAG_DENSE_PACK", "TAG_DENSE_GEMV", "TAG_MATMUL", "DENSE_PACK_BN",
-           "DENSE_PACK_MIN_M", "DENSE_GEMV_MAX_M"]
+__all__ = ["dense", "matmul", "dense_panel_width", "gemv_lanes", "TAG_DENSE", "TAG_DENSE_PACK", "TAG_DENSE_GEMV",
+           "TAG_MATMUL", "DENSE_PACK_BN", "DENSE_PACK_MIN_M", "DENSE_GEMV_MAX_M"]
 
 TAG_DENSE = "dense"
 TAG_DENSE_PACK = "dense_pack"
@@ -30,11 +40,84 @@ TAG_MATMUL = "matmul"
 TAG_DENSE_GEMV = "dense_gemv_part"
 #: Up to this many rows dense is computed as a GEMV (partial dot products along K).
 DENSE_GEMV_MAX_M = 3
-#: Panel width of the packed right operand: two 8-float AVX2 vectors (register tile 6 x 16).
+#: Panel width of the packed right operand when no target is known: what
+#: :func:`dense_panel_width` gives for the schedules' no-target ISA (x86-64-v3: two 8-float
+#: AVX2 vectors, register tile 6 x 16).  ``tests/topi/test_isa_tiles.py`` checks the two agree.
 DENSE_PACK_BN = 16
 #: Kept for compatibility: packing no longer depends on the row count (the M = 1 GEMV reads
 #: the weight once either way, and the panel makes its loads contiguous).
 DENSE_PACK_MIN_M = 1
+
+
+def _isa(target: Any) -> ISA:
+    """The instruction set a dense / matmul compute lays its operands out for."""
+    # imported here: the x86 schedule module imports this one (for the tags)
+    from ..schedule.x86 import schedule_isa
+
+    t = target if target is not None else current_kernel_target()
+    try:
+        return schedule_isa(t)
+    except TargetError:
+        # a GPU target has no CPU ISA; its schedules read the panels whatever their width
+        return schedule_isa(None)
+
+
+def dense_panel_width(isa: ISA, dtype: str = "float32", n: int | None = None) -> int:
+    """Width ``bn`` of the packed panels of a dense / matmul right operand.
+
+    It is the column count of the instruction set's GEMM register tile
+    (:func:`kiln.topi.schedule.x86.gemm_register_tile`): a packed kernel's column tile is one
+    panel, so the panel is as wide as the tile the register file holds — SSE2 8 (6 x 8 tile),
+    AVX2 16 (6 x 16), NEON 16 (6 x 16, 32 registers), AVX-512 64 (6 x 64).  With ``n`` (the
+    output columns) the panel is halved while it is wider than ``n`` and more than two
+    vectors, so a narrow N still packs into whole panels instead of padding to one wide one.
+
+    Parameters
+    ----------
+    isa : ISA
+        The target's instruction-set model.
+    dtype : str
+        Accumulator dtype (sets the lanes per register).
+    n : int, optional
+        Output columns ``N``.
+
+    Returns
+    -------
+    int
+    """
+    from ..schedule.x86 import gemm_register_tile
+
+    bn = gemm_register_tile(isa, dtype)[1]
+    floor = 2 * isa.lanes(dtype)
+    while n is not None and bn > n and bn > floor:
+        bn //= 2
+    return bn
+
+
+#: Fewest partial sums of a GEMV step: 16 (AVX2: two ``ymm``, the measured choice; SSE2 and
+#: NEON: four 4-lane registers, see :func:`gemv_lanes`).
+_GEMV_MIN_PARTIALS = 16
+
+
+def gemv_lanes(isa: ISA, dtype: str, k: int) -> int:
+    """Partial sums per output of a few-row dense (:data:`TAG_DENSE_GEMV`); 0 = no GEMV form.
+
+    Two vectors of ``dtype`` (two independent accumulator chains), and at least
+    :data:`_GEMV_MIN_PARTIALS`: the product is memory-bound, and a narrower step keeps fewer
+    weight loads in flight.  float32: AVX2 16 (2 ``ymm``), SSE2 / NEON 16 (4 registers),
+    AVX-512 32 (2 ``zmm``).  Half of that when ``k`` is no multiple of it (but at least one
+    vector); the reduction length must be a multiple of the result.
+
+    Measured (Zen 3, 1 thread, ``llvm`` = SSE2, GFLOP/s, median of 7 interleaved rounds): 1×2048
+    @ 2048×1000: 14.2 with 8 partial sums, 16.6 with 16, 15.6 with 32; 1×512 @ 512×2048,
+    1×2048 @ 2048×2048, 1×4096 @ 4096×4096 within noise of each other.
+    """
+    lanes = isa.lanes(dtype)
+    want = max(2 * lanes, _GEMV_MIN_PARTIALS)
+    for cand in (want, want // 2):
+        if cand >= max(2, lanes) and k % cand == 0:
+            return cand
+    return 0
 
 
 def _finish(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
@@ -44,7 +127,7 @@ def _finish(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
     return te.compute(out.shape, lambda *i: te.cast(out[i], dtype), name=name, tag=TAG_ELEMWISE)
 
 
-def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None) -> te.Tensor:
+def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None, target: Any = None) -> te.Tensor:
     """``out[..., n] = sum_k data[..., k] * weight[n, k]``.
 
     Parameters
@@ -55,21 +138,26 @@ def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None) -> te.Te
         ``(N, K)``.
     pack : bool, optional
         Repack the weight into N-panels (default: when N is at least one panel wide).
+    target : Target or str, optional
+        The CPU target whose instruction set sizes the panels and the GEMV lanes (default:
+        :func:`kiln.topi.knobs.current_kernel_target`, else the schedules' no-target ISA).
     """
     nn, kk = weight.shape
     lead = tuple(data.shape[:-1])
     m = prod(lead)
     acc = acc_dtype(data.dtype)
+    isa = _isa(target)
+    default_bn = dense_panel_width(isa, acc, int(nn))
     if pack is None:
-        pack = m > DENSE_GEMV_MAX_M and nn >= DENSE_PACK_BN
-    lanes = 16 if kk % 16 == 0 else 8 if kk % 8 == 0 else 0
+        pack = m > DENSE_GEMV_MAX_M and nn >= default_bn
+    lanes = gemv_lanes(isa, acc, int(kk))
     if m <= DENSE_GEMV_MAX_M and lanes and kk >= 2 * lanes and not pack:
         return _finish(_dense_gemv(data, weight, lanes), data.dtype, "dense_out")
     k = te.reduce_axis((0, kk), name="k")
     wl = workload_key("dense", data.shape, weight.shape, data.dtype)
     # the panel width is the schedule's column tile knob ``nt`` (a packed kernel's column
     # tile is one panel); whether to pack at all stays a fixed rule
-    bn = int(current_config("dense", wl, {"nt": DENSE_PACK_BN})["nt"]) if pack else DENSE_PACK_BN
+    bn = int(current_config("dense", wl, {"nt": default_bn})["nt"]) if pack else default_bn
     if pack:
         npan = -(-nn // bn)
         wp = te.compute((npan, kk, bn),
@@ -120,7 +208,7 @@ def _dense(attrs: dict, inputs: list, out_types: list) -> list:
     return [dense(inputs[0], inputs[1])]
 
 
-def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None) -> te.Tensor:
+def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None, target: Any = None) -> te.Tensor:
     """Batched ``(..., M, K) x (..., K, N)`` with broadcast batch dims.
 
     Parameters
@@ -129,6 +217,8 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None) -> te.Tensor:
     pack : bool, optional
         Read ``b`` through ``(..., ceil(N / bn), K, bn)`` panels (default: when N is at least
         one panel wide and there are more than :data:`DENSE_GEMV_MAX_M` rows).
+    target : Target or str, optional
+        As for :func:`dense`: the instruction set that sizes the panels.
     """
     mm, kk = a.shape[-2:]
     nn = b.shape[-1]
@@ -136,13 +226,13 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None) -> te.Tensor:
     nb = len(batch)
     acc = acc_dtype(a.dtype)
     k = te.reduce_axis((0, kk), name="k")
-    bn = DENSE_PACK_BN
+    bn = dense_panel_width(_isa(target), acc, int(nn))
     if pack is None:
         # a few rows read each B row once anyway: no pack (it would double the traffic)
         pack = nn >= bn and mm > DENSE_GEMV_MAX_M
     wl = workload_key("matmul", a.shape, b.shape, a.dtype)
     if pack:
-        bn = int(current_config("matmul", wl, {"nt": DENSE_PACK_BN})["nt"])
+        bn = int(current_config("matmul", wl, {"nt": bn})["nt"])
 
     def bidx(t: te.Tensor, idx: tuple[Any, ...]) -> tuple[Any, ...]:
         tb = t.shape[:-2]

@@ -18,18 +18,38 @@ from typing import Any, Sequence
 
 from ... import te
 from ...ir.op import OpPattern
+from ...runtime.errors import TargetError
+from ...target import isa_of
 from ..registry import register_schedule
 from ..util import is_injective_stage, prod
 
 __all__ = [
-    "VEC", "PARALLEL_MIN", "prepare", "readers_after_inline", "schedule_injective_stage", "schedule_reduce_stage",
-    "attach_to_output", "schedule_injective", "schedule_reduce", "finalize",
+    "VEC", "PARALLEL_MIN", "vector_elements", "prepare", "readers_after_inline", "schedule_injective_stage",
+    "schedule_reduce_stage", "attach_to_output", "schedule_injective", "schedule_reduce", "finalize",
 ]
 
-#: Innermost split of vectorised loops (elements).
+#: Innermost split of vectorised loops (elements) when no CPU target is known: two AVX2
+#: vectors of float32, what :func:`vector_elements` gives for x86-64-v3.
 VEC = 16
 #: Loops with fewer total elements than this run on one thread (launch overhead dominates).
 PARALLEL_MIN = 1 << 14
+
+
+def vector_elements(target: Any) -> int:
+    """Innermost split of a vectorised injective loop for ``target``: two vectors of float32.
+
+    Two registers per iteration give the out-of-order core two independent load / op / store
+    chains; more only lengthens the guarded tail of short rows.  SSE2 and NEON 8, AVX2 16,
+    AVX-512 32 (from :func:`kiln.target.isa_of`).  :data:`VEC` when ``target`` is None or not
+    a CPU target (a GPU target has no vector registers to fill).
+    """
+    if target is None:
+        return VEC
+    try:
+        isa = isa_of(target)
+    except TargetError:  # a device target: it has no CPU ISA
+        return VEC
+    return max(1, 2 * isa.lanes("float32"))
 
 
 def prepare(outs: Sequence[te.Tensor]) -> te.Schedule:
@@ -138,8 +158,12 @@ def attach_to_output(s: te.Schedule, red: te.Stage, out: te.Stage,
     return True
 
 
-def finalize(s: te.Schedule, handled: set[int]) -> te.Schedule:
-    """Give every root compute stage not in ``handled`` a default loop schedule."""
+def finalize(s: te.Schedule, handled: set[int], vec: int = VEC) -> te.Schedule:
+    """Give every root compute stage not in ``handled`` a default loop schedule.
+
+    ``vec`` is the innermost split of the injective stages (:func:`vector_elements` of the
+    target).
+    """
     readers = None
     for st in s.stages:
         if not isinstance(st.op, te.ComputeOp) or id(st.op) in handled or st.attach_type != "root":
@@ -154,7 +178,7 @@ def finalize(s: te.Schedule, handled: set[int]) -> te.Schedule:
             else:
                 schedule_reduce_stage(s, st)
         else:
-            schedule_injective_stage(s, st)
+            schedule_injective_stage(s, st, vec)
         handled.add(id(st.op))
     return s
 
@@ -162,13 +186,13 @@ def finalize(s: te.Schedule, handled: set[int]) -> te.Schedule:
 def schedule_injective(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
     """Elementwise / broadcast / injective groups (and the fallback for everything else)."""
     s = prepare(outs)
-    return finalize(s, set())
+    return finalize(s, set(), vector_elements(target))
 
 
 def schedule_reduce(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
     """Reduction groups: injective producers inlined, reductions parallel over spatial axes."""
     s = prepare(outs)
-    return finalize(s, set())
+    return finalize(s, set(), vector_elements(target))
 
 
 for _p in (OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE, OpPattern.TUPLE, OpPattern.OPAQUE,

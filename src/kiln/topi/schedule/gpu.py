@@ -17,15 +17,22 @@ Every fused group gets the same treatment, which is correct for any compute:
   columns of 2-D ones and of dense / matmul results of any rank) so each loaded input is reused from registers;
 * GEMM-like reductions (dense, matmul, conv2d) can instead use local-memory tiles
   (:func:`_attach_shared`, :func:`_attach_shared_conv`, built on ``Schedule.cache_read``)
-  where :data:`SHARED_TAGS` selects them for the target kind (only where they measured
+  where the target's ``shared_tiles`` option lists their tag (only where they measured
   faster; on PoCL they never did);
-* reductions with few outputs (:data:`TREE_MAX_OUTPUTS`) are work-group tree reductions
-  (:func:`schedule_tree_reduce`);
+* reductions with few outputs (at most the target's ``tree_max_outputs``) are work-group
+  tree reductions (:func:`schedule_tree_reduce`);
 * other reductions stay root stages, i.e. separate kernels launched in order (the GPU
   code generator turns their intermediate tensors into temporaries) -- softmax is three.
 
 Work-group sizes: ``max_num_threads`` of the target (default 256) for injective stages,
 :data:`REDUCE_THREADS` for reductions (fewer, heavier work-items).
+
+Per-kind choices are target options, not tables here: each GPU kind declares
+``tree_max_outputs`` and ``shared_tiles`` with its defaults (``kiln.target``), so a new GPU
+kind brings its own values, ``Target("opencl -shared_tiles=dense")`` changes them for one
+build, and the compile cache sees them in the target string. The schedules are registered
+for the dispatch key ``gpu``, which every GPU kind's default keys include; this module
+names no kind.
 
 Measurements behind every choice are in ``docs/devices.md``. Not done: a reduction to a
 scalar is one work-group (a second, cross-group stage would spread it over the device).
@@ -33,20 +40,25 @@ scalar is one work-group (a second, cross-group stage would spread it over the d
 
 from __future__ import annotations
 
+from collections.abc import Iterator, MutableMapping
 from typing import Any, Sequence
 
 from ... import te
 from ...ir.op import OpPattern
+from ...runtime.errors import TargetError
+from ...target import TargetKind, get_target_kind, list_target_kinds
 from ...te.schedule import thread_axis
 from ..registry import register_schedule
 from ..util import prod
 from .generic import prepare, readers_after_inline
 
 __all__ = ["schedule_gpu", "bind_flat", "schedule_tree_reduce", "GPU_KINDS", "REDUCE_THREADS", "DEFAULT_THREADS",
-           "SHARED_TAGS", "TREE_MAX_OUTPUTS"]
+           "SHARED_TAGS", "TREE_MAX_OUTPUTS", "SHARED_TILE_TAGS", "FALLBACK_TREE_MAX_OUTPUTS", "tree_max_outputs",
+           "shared_tiles"]
 
-#: Target kinds the schedules here are registered for (plus the pseudo-kind ``gpu``).
-GPU_KINDS = ["opencl", "cuda", "gpu"]
+#: Schedule dispatch keys the schedules here are registered for: ``gpu``, in the default keys
+#: of every GPU target kind (kiln.topi.registry prefers it over generic CPU schedules).
+GPU_KINDS = ["gpu"]
 #: Work-items per work-group of reduction stages.
 REDUCE_THREADS = 64
 #: Work-items per work-group of injective stages when the target does not say.
@@ -68,16 +80,13 @@ TILED_THREADS = 32
 #: Register tiles shrink until a reduction has at least this many work-items.
 MIN_WORK_ITEMS = 256
 #: Work-group tree reductions (see :func:`schedule_tree_reduce`): work-items per group (a
-#: power of two); used for reductions with at most ``TREE_MAX_OUTPUTS[kind]`` outputs and at
+#: power of two); used for reductions with at most :func:`tree_max_outputs` outputs and at
 #: least :data:`TREE_MIN_REDUCE` terms each.
 TREE_THREADS = 64
 TREE_MIN_REDUCE = 32
-#: OpenCL, measured on PoCL with ad-hoc one-op models (tree vs one work-item per output, same
-#: process): a single output ties or wins (and a long sum is more accurate), a few outputs
-#: lose (PoCL runs the per-output loops of a group as SIMD lanes, and each barrier splits the
-#: group's work-item loop). CUDA: one work-item per output leaves a GPU idle below a few
-#: thousand outputs; trees up to MIN_WORK_ITEMS outputs (not measured: no GPU here).
-TREE_MAX_OUTPUTS: dict[str, int] = {"opencl": 1, "cuda": MIN_WORK_ITEMS - 1, "gpu": 1}
+#: ``tree_max_outputs`` of a target whose kind does not declare it (and of no target): trees
+#: for single outputs only, the choice measured on PoCL (the kinds' reasons are in kiln.target).
+FALLBACK_TREE_MAX_OUTPUTS = 1
 #: Local-memory tiled GEMM (see :func:`_attach_shared`): a work-group of SHARED_TY x SHARED_TX
 #: work-items, each a SHARED_R x SHARED_R register tile, stages SHARED_BM x SHARED_KS tiles
 #: of A and SHARED_KS x SHARED_BN tiles of B in local memory per K-step.
@@ -85,18 +94,9 @@ SHARED_R = 4
 SHARED_TY = SHARED_TX = 16
 SHARED_BM = SHARED_BN = SHARED_R * SHARED_TY
 SHARED_KS = 8
-#: Which op tags use the local-memory tiles, per target kind (where they pay).
-#: OpenCL: measured on PoCL (OpenCL on the 2-core CPU; `python bench/bench_opencl_local.py`,
-#: table in docs/devices.md) the local tiles are 2.8-4.6x slower than the register tiles for
-#: every dense / batch matmul / conv case, because PoCL backs local memory with ordinary
-#: memory and serializes work-items between barriers: off.
-#: CUDA: shared-memory blocking is what GEMMs on discrete GPUs rely on; on, but NOT measured
-#: (no GPU here) -- measure with tests/cuda on a GPU and switch off what does not pay.
-SHARED_TAGS: dict[str, dict[str, bool]] = {
-    "opencl": {"dense": False, "matmul": False, "conv2d_nchw": False},
-    "cuda": {"dense": True, "matmul": True, "conv2d_nchw": True},
-    "gpu": {"dense": False, "matmul": False, "conv2d_nchw": False},
-}
+#: Op tags that have a local-memory tile schedule; a target's ``shared_tiles`` option picks
+#: among them (none when its kind does not declare the option).
+SHARED_TILE_TAGS = ("dense", "matmul", "conv2d_nchw")
 #: Local-memory tiled conv2d (NCHW, groups=1, see :func:`_attach_shared_conv`): a group of
 #: CONV_TC channel-threads x 16 pixel-threads, each CONV_R channels x 1 pixel; input
 #: channels staged CONV_KS at a time.
@@ -214,11 +214,42 @@ def schedule_tree_reduce(st: te.Stage, threads: int = TREE_THREADS) -> None:
     st.bind(ri, thread_axis("threadIdx.x"))
 
 
+def tree_max_outputs(target: Any) -> int:
+    """The most outputs a reduction may have to be a work-group tree reduction on ``target``.
+
+    Parameters
+    ----------
+    target : kiln.target.Target or None
+        Its ``tree_max_outputs`` option; :data:`FALLBACK_TREE_MAX_OUTPUTS` when its kind
+        declares none (or for no target).
+
+    Returns
+    -------
+    int
+    """
+    v = (getattr(target, "attrs", None) or {}).get("tree_max_outputs")
+    return FALLBACK_TREE_MAX_OUTPUTS if v is None else int(v)
+
+
+def shared_tiles(target: Any) -> frozenset[str]:
+    """Op tags scheduled with local-memory tiles on ``target`` (its ``shared_tiles`` option).
+
+    Parameters
+    ----------
+    target : kiln.target.Target or None
+
+    Returns
+    -------
+    frozenset of str
+        Empty when the target's kind declares no ``shared_tiles`` option.
+    """
+    return frozenset((getattr(target, "attrs", None) or {}).get("shared_tiles") or ())
+
+
 def _wants_tree(st: te.Stage, target: Any) -> bool:
-    kind = getattr(getattr(target, "kind", None), "name", None) or "gpu"
     n_out = prod(iv.dom_extent for iv in st.op.axis)
     n_red = prod(iv.dom_extent for iv in st.op.reduce_axis)
-    return n_out <= TREE_MAX_OUTPUTS.get(kind, TREE_MAX_OUTPUTS["gpu"]) and n_red >= TREE_MIN_REDUCE
+    return n_out <= tree_max_outputs(target) and n_red >= TREE_MIN_REDUCE
 
 
 def _simple_index(e: Any, ok_vars: set[Any], tile: int) -> bool:
@@ -260,8 +291,7 @@ def _shared_candidates(red: te.Stage, out: te.Stage, target: Any) -> list[te.Ten
 
 
 def _shared_on(target: Any, tag: str) -> bool:
-    kind = getattr(getattr(target, "kind", None), "name", None) or "gpu"
-    return SHARED_TAGS.get(kind, SHARED_TAGS["gpu"]).get(tag, False)
+    return tag in shared_tiles(target)
 
 
 def _conv_tile(red: te.Stage, target: Any) -> tuple[int, int] | None:
@@ -409,3 +439,114 @@ def schedule_gpu(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
 for _p in (OpPattern.ELEMWISE, OpPattern.BROADCAST, OpPattern.INJECTIVE, OpPattern.TUPLE, OpPattern.OPAQUE,
            OpPattern.OUT_ELEMWISE_FUSABLE, OpPattern.COMM_REDUCE):
     register_schedule(_p, GPU_KINDS, schedule_gpu, override=True)
+
+
+# ---------------------------------------------------------------- deprecated per-kind tables
+# Benches and tests written before the knobs became target options read and patch
+# SHARED_TAGS[kind][tag] and TREE_MAX_OUTPUTS[kind]. These views keep them working without a
+# second copy of the values: they read and write the kind's registered option defaults, so
+# a change applies to targets created afterwards. New code passes target options instead.
+
+
+def _kind_with(kind: str, option: str) -> TargetKind | None:
+    try:
+        k = get_target_kind(kind)
+    except TargetError:
+        return None
+    return k if option in k.options else None
+
+
+def _kinds_with(option: str) -> list[str]:
+    return [n for n in list_target_kinds() if _kind_with(n, option) is not None]
+
+
+class _TreeMaxOutputsView(MutableMapping[str, int]):
+    """``TREE_MAX_OUTPUTS[kind]``: the ``tree_max_outputs`` default of a registered kind
+    (``"gpu"``: the read-only fallback). Deprecated, see above."""
+
+    def __getitem__(self, kind: str) -> int:
+        k = _kind_with(kind, "tree_max_outputs")
+        if k is None:
+            if kind == "gpu":
+                return FALLBACK_TREE_MAX_OUTPUTS
+            raise KeyError(kind)
+        return int(k.default("tree_max_outputs"))
+
+    def __setitem__(self, kind: str, value: int) -> None:
+        k = _kind_with(kind, "tree_max_outputs")
+        if k is None:
+            raise KeyError(f"target kind {kind!r} has no tree_max_outputs option")
+        k.options["tree_max_outputs"] = (int, int(value))
+
+    def __delitem__(self, kind: str) -> None:
+        raise TypeError("TREE_MAX_OUTPUTS entries are target-kind options and cannot be deleted")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*_kinds_with("tree_max_outputs"), "gpu"])
+
+    def __len__(self) -> int:
+        return len(_kinds_with("tree_max_outputs")) + 1
+
+
+class _SharedTilesView(MutableMapping[str, bool]):
+    """``SHARED_TAGS[kind][tag]``: whether ``tag`` is in the kind's ``shared_tiles`` default."""
+
+    def __init__(self, kind: str) -> None:
+        self._kind = kind
+
+    def _tags(self) -> list[str]:
+        k = _kind_with(self._kind, "shared_tiles")
+        return [] if k is None else list(k.default("shared_tiles"))
+
+    def __getitem__(self, tag: str) -> bool:
+        if tag not in SHARED_TILE_TAGS:
+            raise KeyError(tag)
+        return tag in self._tags()
+
+    def __setitem__(self, tag: str, on: bool) -> None:
+        k = _kind_with(self._kind, "shared_tiles")
+        if k is None or tag not in SHARED_TILE_TAGS:
+            raise KeyError(f"{self._kind!r} has no shared_tiles option or {tag!r} has no local-memory tile schedule")
+        tags = [t for t in self._tags() if t != tag] + ([tag] if on else [])
+        k.options["shared_tiles"] = (list, [t for t in SHARED_TILE_TAGS if t in tags])
+
+    def __delitem__(self, tag: str) -> None:
+        self[tag] = False
+
+    def clear(self) -> None:
+        for tag in SHARED_TILE_TAGS:
+            self[tag] = False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SHARED_TILE_TAGS)
+
+    def __len__(self) -> int:
+        return len(SHARED_TILE_TAGS)
+
+
+class _SharedTagsView(MutableMapping[str, _SharedTilesView]):
+    """``SHARED_TAGS[kind]``: a :class:`_SharedTilesView` per kind with a ``shared_tiles`` option."""
+
+    def __getitem__(self, kind: str) -> _SharedTilesView:
+        if kind != "gpu" and _kind_with(kind, "shared_tiles") is None:
+            raise KeyError(kind)
+        return _SharedTilesView(kind)
+
+    def __setitem__(self, kind: str, value: Any) -> None:
+        raise TypeError("set SHARED_TAGS[kind][tag] (or the target's -shared_tiles option) instead")
+
+    def __delitem__(self, kind: str) -> None:
+        raise TypeError("SHARED_TAGS entries are target-kind options and cannot be deleted")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*_kinds_with("shared_tiles"), "gpu"])
+
+    def __len__(self) -> int:
+        return len(_kinds_with("shared_tiles")) + 1
+
+
+#: Deprecated view: ``TREE_MAX_OUTPUTS[kind]`` is the kind's ``tree_max_outputs`` default.
+TREE_MAX_OUTPUTS: MutableMapping[str, int] = _TreeMaxOutputsView()
+#: Deprecated view: ``SHARED_TAGS[kind][tag]`` says whether the kind's ``shared_tiles``
+#: default lists ``tag``.
+SHARED_TAGS: MutableMapping[str, _SharedTilesView] = _SharedTagsView()

@@ -8,8 +8,11 @@ rows / vectorised columns inside, so the partial sums of one block live in a sma
 buffer (registers after the C/LLVM optimisers) and the epilogue runs on a block while it
 is hot.  Tails of non-multiple extents are guarded by the lowering.
 
-The same functions serve the ``generic`` registrations (default tiles) and the ``c`` /
-``llvm`` ones (tiles picked from the target's vector width).
+Vector lanes and register counts come from the target's instruction-set model
+(:func:`kiln.target.isa_of`), the same model the code generators size their vectors from, so
+a tile is chosen for the registers the emitted code really has (``llvm`` without ``-mcpu``:
+SSE2, 16 ``xmm``; ``-mcpu=haswell``: 16 ``ymm``; ``-mcpu=skylake-avx512``: 32 ``zmm``).  The
+``generic`` registrations keep fixed default tiles.
 """
 
 from __future__ import annotations
@@ -17,27 +20,108 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...target import ISA, isa_of
 from ..knobs import current_config
 from ..nn.dense import DENSE_PACK_BN, TAG_DENSE, TAG_DENSE_GEMV, TAG_DENSE_PACK, TAG_MATMUL
 from ..registry import register_schedule
 from ..util import prod
-from .generic import PARALLEL_MIN, finalize, prepare, readers_after_inline, schedule_injective_stage
+from .generic import (PARALLEL_MIN, VEC, finalize, prepare, readers_after_inline, schedule_injective_stage,
+                      vector_elements)
 
-__all__ = ["schedule_dense", "schedule_matmul", "vector_lanes"]
+__all__ = ["schedule_dense", "schedule_matmul", "vector_lanes", "schedule_isa", "gemm_register_tile",
+           "few_row_columns", "NO_TARGET_CPU", "MAX_TILE_ROWS"]
+
+#: The target assumed when a schedule is called with no target at all (direct calls in tests
+#: and tools): x86-64-v3 (AVX2 + FMA, 16 ``ymm``), the register file the hand-tuned defaults
+#: were measured on.  A build always passes its target.
+NO_TARGET_CPU = "llvm -mcpu=x86-64-v3"
+
+#: Register-tile rows are unrolled code; beyond this many the extra reuse of the ``B`` vectors
+#: is small (``mt * nv / (mt + nv)`` approaches ``nv``) while code size keeps growing.
+MAX_TILE_ROWS = 12
 
 
-def vector_lanes(target: Any) -> int:
-    """float32 lanes of the target's widest vector unit (8 = AVX2 default, 16 with AVX-512)."""
-    mattr: list[str] = []
-    try:
-        mattr = list(getattr(target, "mattr", None) or [])
-    except Exception:  # noqa: BLE001 - a foreign target object: use the default
-        mattr = []
-    if not mattr and isinstance(target, str) and "avx512f" in target and "-avx512f" not in target:
-        return 16
-    if "+avx512f" in mattr:
-        return 16
-    return 8
+def schedule_isa(target: Any) -> ISA:
+    """The instruction-set model a CPU schedule tiles for (:data:`NO_TARGET_CPU` for None)."""
+    return isa_of(NO_TARGET_CPU if target is None else target)
+
+
+def vector_lanes(target: Any, dtype: str = "float32") -> int:
+    """``dtype`` lanes of one vector register of the target (float32: 4 SSE2 / NEON, 8 AVX2,
+    16 AVX-512); see :func:`schedule_isa`."""
+    return schedule_isa(target).lanes(dtype)
+
+
+def gemm_register_tile(isa: ISA, dtype: str = "float32", nt: int | None = None) -> tuple[int, int]:
+    """Rows ``mt`` × columns ``nt`` of the GEMM register tile for an instruction set.
+
+    Per reduction step the micro-kernel keeps ``mt * nv`` accumulators, loads ``nv = nt /
+    lanes`` vectors of the ``B`` row and broadcasts one ``A`` value at a time, so it fits the
+    ``R = isa.vector_registers`` registers when::
+
+        mt * nv + nv + 1 <= R
+
+    Among ``nv`` in 1, 2, 4 (powers of two, so ``nt`` divides the usual N) with ``mt`` the
+    largest that fits (at most :data:`MAX_TILE_ROWS`), the tile is the one that (a) has at
+    least ``isa.min_accumulators`` accumulators (FMA latency × throughput: fewer stall on
+    their own dependency chains), then (b) the most FMAs per load, ``mt * nv / (mt + nv)``,
+    then (c) the most accumulators.  Results: SSE2 (16 ``xmm``) 6 × 8; AVX2 (16 ``ymm``)
+    6 × 16 — 12 accumulators, 2 ``B`` vectors, 1 broadcast, the classic Haswell/Zen SGEMM
+    shape; AVX-512 (32 ``zmm``) 6 × 64 — 24 + 4 + 1 of 32; NEON (32 × 128-bit) 6 × 16.
+
+    Parameters
+    ----------
+    isa : ISA
+        The instruction-set model (:func:`schedule_isa`).
+    dtype : str
+        Accumulator dtype (sets the lanes per register).
+    nt : int, optional
+        Fixed column count (a packed panel's width): only ``mt`` is chosen, for
+        ``nv = ceil(nt / lanes)``.
+
+    Returns
+    -------
+    tuple of int
+        ``(mt, nt)``.
+    """
+    lanes = isa.lanes(dtype)
+    regs = isa.vector_registers
+
+    def rows(nv: int) -> int:
+        return max(1, min(MAX_TILE_ROWS, (regs - 1 - nv) // nv))
+
+    if nt is not None:
+        return rows(max(1, -(-nt // lanes))), nt
+    best: tuple[tuple[bool, float, int], int, int] | None = None
+    for nv in (1, 2, 4):
+        if nv + 2 > regs:
+            break
+        mt = rows(nv)
+        acc = mt * nv
+        key = (acc >= isa.min_accumulators, acc / (mt + nv), acc)
+        if best is None or key > best[0]:
+            best = (key, mt, nv * lanes)
+    assert best is not None  # nv = 1 always fits a register file of 3 or more
+    return best[1], best[2]
+
+
+def few_row_columns(isa: ISA, rows: int, nt: int, dtype: str = "float32") -> int:
+    """Columns of a tile with only ``rows`` (<= 3) rows: up to 4× wider, within the registers.
+
+    A wide row of accumulators hides the FMA latency that few rows cannot.  With so few rows
+    each ``B`` vector is loaded right before its ``rows`` FMAs, so one ``B`` vector and one
+    broadcast are live beside the accumulators: ``nv`` is the largest power of two
+    ``<= 4 * nt / lanes`` with ``rows * nv + 2 <= R`` (AVX2: 8 vectors for one row, 4 for
+    two or three).
+    """
+    lanes = isa.lanes(dtype)
+    nv = max(1, -(-nt // lanes))
+    fit = max(1, (isa.vector_registers - 2) // max(1, rows))
+    want = min(4 * nv, fit)
+    p = 1
+    while p * 2 <= want:
+        p *= 2
+    return max(nt, p * lanes)
 
 
 def _find(s: te.Schedule, tags: Sequence[str]) -> te.Stage | None:
@@ -60,12 +144,12 @@ def _single_output_epilogue(s: te.Schedule, anchor: te.Stage) -> te.Stage | None
     return out
 
 
-def _keep_root_helpers(s: te.Schedule, handled: set[int]) -> None:
-    """Materialised helper stages (padding, weight packing): parallel copy loops."""
+def _keep_root_helpers(s: te.Schedule, handled: set[int], vec: int = VEC) -> None:
+    """Materialised helper stages (padding, weight packing): parallel copy loops split by ``vec``."""
     for st in s.stages:
         if (isinstance(st.op, te.ComputeOp) and st.attach_type == "root" and not st.is_output
                 and not st.op.reduce_axis and id(st.op) not in handled):
-            schedule_injective_stage(s, st)
+            schedule_injective_stage(s, st, vec)
             handled.add(id(st.op))
 
 
@@ -137,6 +221,13 @@ def _gemv_tiles(out: te.Stage, anchor: te.Stage, part: te.Stage) -> None:
 
 
 def _make_gemm_schedule(tags: tuple[str, ...], tiles_of: Any) -> Any:
+    """A dense / matmul schedule.
+
+    ``tiles_of(target, nt=None, rows=None) -> (mt, nt)`` picks the register tile: with ``nt``
+    (a packed panel's width) only the rows; with ``rows`` (a product of at most 3 rows) the
+    widened column count for that many rows and the given ``nt``.
+    """
+
     def schedule_gemm(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
         """dense / matmul with a fused elementwise epilogue."""
         s = prepare(outs)
@@ -144,18 +235,20 @@ def _make_gemm_schedule(tags: tuple[str, ...], tiles_of: Any) -> Any:
         handled: set[int] = set()
         if anchor is not None:
             out = _single_output_epilogue(s, anchor)
-            mt, nt = tiles_of(target)
+            packed = bool(anchor.op.attrs.get("packed"))
+            bn = int(anchor.op.attrs.get("bn", DENSE_PACK_BN))
+            # packed: the rows are what fits beside a panel's column vectors
+            mt, nt = tiles_of(target, nt=bn) if packed else tiles_of(target)
             wl = anchor.op.attrs.get("workload")
             if wl is not None and not anchor.op.attrs.get("gemv"):
                 cfg = current_config(wl[0], wl, {"mt": mt, "nt": nt})
                 mt, nt = int(cfg["mt"]), int(cfg["nt"])
-            packed = bool(anchor.op.attrs.get("packed"))
             if packed:
                 # columns must be whole panels so n // bn and n % bn simplify away
-                nt = int(anchor.op.attrs.get("bn", DENSE_PACK_BN))
+                nt = bn
             elif len(anchor.op.axis) >= 2 and anchor.op.axis[-2].dom_extent <= 3:
                 # few-row product (GEMV-like): a wide row of accumulators hides the FMA latency
-                nt = 4 * nt
+                nt = tiles_of(target, nt=nt, rows=anchor.op.axis[-2].dom_extent)[1]
             pack = _find(s, (TAG_DENSE_PACK,)) if packed else None
             part = _find(s, (TAG_DENSE_GEMV,)) if anchor.op.attrs.get("gemv") else None
             if out is not None and part is not None:
@@ -168,22 +261,28 @@ def _make_gemm_schedule(tags: tuple[str, ...], tiles_of: Any) -> Any:
                 if attach:
                     handled.add(id(pack.op))
             if pack is not None and pack.attach_type == "root":
-                schedule_injective_stage(s, pack)
+                schedule_injective_stage(s, pack, vector_elements(target))
                 handled.add(id(pack.op))
-        _keep_root_helpers(s, handled)
-        return finalize(s, handled)
+        _keep_root_helpers(s, handled, vector_elements(target))
+        return finalize(s, handled, vector_elements(target))
 
     return schedule_gemm
 
 
-def _default_gemm_tiles(target: Any) -> tuple[int, int]:
-    return 4, 16
+def _default_gemm_tiles(target: Any, nt: int | None = None, rows: int | None = None) -> tuple[int, int]:
+    # the generic registration knows no register file: a fixed, modest 4 x 16 tile, 4x wider
+    # for few-row products
+    if nt is None:
+        return 4, 16
+    return 4, 4 * nt if rows is not None else nt
 
 
-def _x86_gemm_tiles(target: Any) -> tuple[int, int]:
-    # 6 rows x 16 columns: 12 ymm accumulators + 2 for the B row + 1 broadcast A value of the
-    # 16 AVX2 registers (the classic Zen/Haswell SGEMM micro-kernel shape).
-    return 6, 16
+def _x86_gemm_tiles(target: Any, nt: int | None = None, rows: int | None = None) -> tuple[int, int]:
+    # from the register file of the target's ISA; gemm_register_tile states the formula
+    isa = schedule_isa(target)
+    if rows is not None and nt is not None:
+        return gemm_register_tile(isa, nt=nt)[0], few_row_columns(isa, rows, nt)
+    return gemm_register_tile(isa, nt=nt)
 
 
 schedule_dense = _make_gemm_schedule((TAG_DENSE,), _default_gemm_tiles)

@@ -5,12 +5,14 @@ Register tile (groups = 1): ``xt`` consecutive output pixels of one row × the w
 output-channel block ``ob`` (the innermost, contiguous axis of output and weight).  Per
 reduction step ``(rco, ry, rx, rci)`` the kernel broadcasts ``xt`` input values and loads
 ``ob / lanes`` weight vectors, and issues ``xt * ob / lanes`` FMAs into accumulators that
-stay in registers: ``xt * ob / lanes + ob / lanes + 1 <= 16`` ymm on AVX2.  The reduction
+stay in registers: ``xt * ob / lanes + ob / lanes + 1 <= R`` (:func:`max_x_tile`; ``lanes`` and
+the register count ``R`` come from the target's ISA model, :func:`kiln.target.isa_of`: 16 ``ymm``
+on AVX2, 32 ``zmm`` with AVX-512, 16 ``xmm`` for the SSE2 baseline of plain ``llvm``).  The reduction
 loops run outside the tile, so the whole ``C·KH·KW`` reduction of a tile happens before the
 fused epilogue (bias, ReLU/clip, residual add) stores it.
 
 ``xt`` is chosen to *divide* the output width where possible, so no output row has a tail
-(a guarded tail tile runs ~10x slower): with ``ob = 16`` (two AVX2 vectors, at most 6
+(a guarded tail tile runs ~10x slower): on AVX2, with ``ob = 16`` (two vectors, at most 6
 pixels) 56/28/112 get 4; with ``ob = 8`` (up to 14 pixels) 14 and 7 get 14 and 7 — the
 layout pass picks ``ob`` from the output width for this reason.  When no divisor in range
 exists the last tile of a row is guarded by the lowering.
@@ -26,16 +28,23 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...target import ISA
 from ..knobs import current_config, workload_key
 from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
 from ..nn.conv2d_nchwc import TAG_CONV2D_NCHWC, TAG_DEPTHWISE_NCHWC, TAG_POOL_NCHWC
 from ..registry import register_schedule
 from ..util import prod
-from .generic import PARALLEL_MIN, finalize, prepare, schedule_injective_stage
-from .x86 import _find, _keep_root_helpers, _single_output_epilogue, vector_lanes
+from .generic import PARALLEL_MIN, finalize, prepare, schedule_injective_stage, vector_elements
+from .x86 import _find, _keep_root_helpers, _single_output_epilogue, schedule_isa
 
 __all__ = ["schedule_conv2d", "schedule_conv2d_nchwc", "schedule_layout_transform", "schedule_blocked_copy",
-           "schedule_max_pool2d_nchwc", "pick_x_tile", "row_tile", "nchwc_workload"]
+           "schedule_max_pool2d_nchwc", "pick_x_tile", "max_x_tile", "row_tile", "nchwc_workload"]
+
+#: Most output pixels of one register tile (the pixels are unrolled code): the AVX2 maximum of
+#: the register formula, so a 32-register file gets more pixels only for wide blocks.
+MAX_X_TILE = 14
+#: The same for depthwise tiles.
+MAX_X_TILE_DEPTHWISE = 8
 
 
 def pick_x_tile(ow: int, max_tile: int, min_tile: int = 4) -> int:
@@ -52,27 +61,36 @@ def pick_x_tile(ow: int, max_tile: int, min_tile: int = 4) -> int:
     return max_tile
 
 
-def _max_tile(ob: int, lanes: int, depthwise: bool) -> int:
-    vecs = max(1, ob // lanes)
+def max_x_tile(ob: int, lanes: int, depthwise: bool, registers: int = 16) -> int:
+    """Most output pixels ``xt`` whose tile of ``ob`` channels fits ``registers`` vector registers.
+
+    With ``v = ceil(ob / lanes)`` vectors per pixel: ``xt * v + v + 1 <= registers`` (``xt * v``
+    accumulators, ``v`` weight vectors, one broadcast input value), at most
+    :data:`MAX_X_TILE`; depthwise ``xt * v + v + 2 <= registers`` (its input is a vector load,
+    not a broadcast: two registers for the operands in flight), at most
+    :data:`MAX_X_TILE_DEPTHWISE`.
+    """
+    vecs = max(1, -(-ob // lanes))
     if depthwise:
-        # accumulators + one input and one weight vector per channel vector
-        return max(1, min(8, (14 - vecs) // vecs))
-    # accumulators xt*vecs, weight vectors vecs, one broadcast register
-    return max(1, (15 - vecs) // vecs)
+        return max(1, min(MAX_X_TILE_DEPTHWISE, (registers - 2 - vecs) // vecs))
+    return max(1, min(MAX_X_TILE, (registers - 1 - vecs) // vecs))
 
 
-#: Bytes of one core's L2 that a kernel's re-used operand may occupy (Zen 3: 512 KiB L2).
+#: Bytes of one core's L2 that a kernel's re-used operand may occupy when the ISA model is not
+#: consulted (half of Zen 3's 512 KiB); the schedules use half of ``ISA.l2_bytes``.
 L2_BUDGET = 256 * 1024
 
 
-def row_tile(anchor: te.Stage) -> int:
+def row_tile(anchor: te.Stage, l2_budget: int = L2_BUDGET) -> int:
     """Output rows per outer iteration when the channel-block loop should run *inside* rows.
 
     The default order (channel block outer, rows inner) keeps one block's weights hot and
     re-reads the whole input once per block: cheap while the input fits in L2, ruinous when
     it does not (ResNet-50's 1x1 convs at 28x28x512 re-stream 1.6 MB from L3 128 times).
     Then rows go outside: a tile of rows whose input slice fits in L2 is read once, the
-    weights once per tile.  Returns 0 to keep the default order.
+    weights once per tile.  ``l2_budget``: the bytes of L2 the re-used slice may take (half
+    the core's L2: the other operand streams through the rest).  Returns 0 to keep the
+    default order.
     """
     data, weight = anchor.op.input_tensors[:2]
     if len(data.shape) != 5 or len(weight.shape) != 6:
@@ -83,7 +101,7 @@ def row_tile(anchor: te.Stage) -> int:
     oh = anchor.op.axis[2].dom_extent
     in_bytes = 4 * cb * h * w * ib
     w_bytes = 4 * prod(weight.shape)
-    if in_bytes <= L2_BUDGET or obk == 1:
+    if in_bytes <= l2_budget or obk == 1:
         return 0
     row_bytes = 4 * cb * w * ib
 
@@ -92,11 +110,11 @@ def row_tile(anchor: te.Stage) -> int:
 
     yt = 1
     for t in range(oh, 0, -1):
-        if oh % t == 0 and slice_rows(t) * row_bytes <= L2_BUDGET:
+        if oh % t == 0 and slice_rows(t) * row_bytes <= l2_budget:
             yt = t
             break
     traffic_a = w_bytes + in_bytes * obk
-    traffic_b = in_bytes + w_bytes * (oh // yt if w_bytes > L2_BUDGET else 1)
+    traffic_b = in_bytes + w_bytes * (oh // yt if w_bytes > l2_budget else 1)
     return yt if traffic_b < traffic_a else 0
 
 
@@ -108,22 +126,23 @@ def nchwc_workload(anchor: te.Stage) -> tuple:
                         anchor.op.attrs.get("strides", ()), anchor.op.attrs.get("dilation", ()), data.dtype)
 
 
-def _tile_nchwc(out: te.Stage, anchor: te.Stage, lanes: int) -> None:
+def _tile_nchwc(out: te.Stage, anchor: te.Stage, isa: ISA) -> None:
+    lanes, registers = isa.lanes("float32"), isa.vector_registers
     depthwise = anchor.op.tag == TAG_DEPTHWISE_NCHWC
     n, k, y, x, kc = out.op.axis
     ob, ow = kc.dom_extent, x.dom_extent
     # knobs: xt 0 / order "auto" are the hand-written rules below (the defaults)
     cfg = current_config("conv2d_nchwc", nchwc_workload(anchor), {"xt": 0, "order": "auto"})
-    xt = int(cfg["xt"]) or pick_x_tile(ow, _max_tile(ob, lanes, depthwise))
+    xt = int(cfg["xt"]) or pick_x_tile(ow, max_x_tile(ob, lanes, depthwise, registers))
     xt = max(1, min(xt, ow))
     xo, xi = out.split(x, factor=xt)
     order = cfg["order"]
     if depthwise or order == "block_outer":
         yt = 0
     elif order == "row_outer":
-        yt = row_tile(anchor) or 1
+        yt = row_tile(anchor, isa.l2_bytes // 2) or 1
     else:
-        yt = row_tile(anchor)
+        yt = row_tile(anchor, isa.l2_bytes // 2)
     inner = [xi, kc]
     if yt:
         yo, yi = out.split(y, factor=yt)
@@ -180,7 +199,9 @@ def _root_nchwc(anchor: te.Stage) -> None:
     anchor.vectorize(kc)
 
 
-def _make(lanes_of: Any) -> Any:
+def _make(isa_of_target: Any) -> Any:
+    """The blocked-conv schedule; ``isa_of_target(target) -> ISA`` gives lanes, registers, L2."""
+
     def schedule_conv2d_nchwc(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
         """``conv2d_nchwc`` (plain or depthwise) with a fused elementwise epilogue."""
         s = prepare(outs)
@@ -189,7 +210,7 @@ def _make(lanes_of: Any) -> Any:
         if anchor is not None:
             out = _single_output_epilogue(s, anchor)
             if out is not None:
-                _tile_nchwc(out, anchor, lanes_of(target))
+                _tile_nchwc(out, anchor, isa_of_target(target))
                 handled.update({id(out.op), id(anchor.op)})
             else:
                 _root_nchwc(anchor)
@@ -199,7 +220,7 @@ def _make(lanes_of: Any) -> Any:
                     and not st.op.reduce_axis and id(st.op) not in handled):
                 schedule_blocked_copy(s, st)
                 handled.add(id(st.op))
-        return finalize(s, handled)
+        return finalize(s, handled, vector_elements(target))
 
     return schedule_conv2d_nchwc
 
@@ -212,7 +233,7 @@ def schedule_layout_transform(outs: Sequence[te.Tensor], target: Any = None) -> 
         if isinstance(st.op, te.ComputeOp) and st.is_output and not st.op.reduce_axis:
             schedule_blocked_copy(s, st)
             handled.add(id(st.op))
-    return finalize(s, handled)
+    return finalize(s, handled, vector_elements(target))
 
 
 def schedule_max_pool2d_nchwc(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
@@ -238,7 +259,7 @@ def schedule_max_pool2d_nchwc(outs: Sequence[te.Tensor], target: Any = None) -> 
             st.reorder(outer, x, *pool.op.reduce_axis, kc)
             st.vectorize(kc)
         handled.add(id(pool.op))
-    return finalize(s, handled)
+    return finalize(s, handled, vector_elements(target))
 
 
 # ----------------------------------------------------------------------------- conv2d (NCHW)
@@ -290,21 +311,26 @@ def _make_conv_schedule(lanes_of: Any) -> Any:
             else:
                 _conv_root(anchor, lanes)
                 handled.add(id(anchor.op))
-        _keep_root_helpers(s, handled)
-        return finalize(s, handled)
+        _keep_root_helpers(s, handled, vector_elements(target))
+        return finalize(s, handled, vector_elements(target))
 
     return schedule_conv2d
 
 
 # ----------------------------------------------------------------------------- registrations
-schedule_conv2d = _make_conv_schedule(lambda t: 8)
-schedule_conv2d_nchwc = _make(lambda t: 8)
+def _lanes(target: Any) -> int:
+    return schedule_isa(target).lanes("float32")
+
+
+# ``generic`` (a kind without schedules of its own, whose ISA is unknown): the no-target model
+schedule_conv2d = _make_conv_schedule(lambda t: _lanes(None))
+schedule_conv2d_nchwc = _make(lambda t: schedule_isa(None))
 
 for _op in ("conv2d", "conv2d_transpose"):
     register_schedule(_op, "generic", schedule_conv2d)
-    register_schedule(_op, ["c", "llvm"], _make_conv_schedule(vector_lanes))
+    register_schedule(_op, ["c", "llvm"], _make_conv_schedule(_lanes))
 
 register_schedule("conv2d_nchwc", "generic", schedule_conv2d_nchwc)
-register_schedule("conv2d_nchwc", ["c", "llvm"], _make(vector_lanes))
+register_schedule("conv2d_nchwc", ["c", "llvm"], _make(schedule_isa))
 register_schedule("layout_transform", ["generic", "c", "llvm"], schedule_layout_transform)
 register_schedule("max_pool2d_nchwc", ["generic", "c", "llvm"], schedule_max_pool2d_nchwc)

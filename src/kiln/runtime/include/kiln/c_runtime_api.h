@@ -145,6 +145,16 @@ KILN_DLL const char* KilnGetLastError(void);
 KILN_DLL void KilnSetNumThreads(int32_t n);
 KILN_DLL int32_t KilnGetNumThreads(void);
 KILN_DLL int32_t KilnABIVersion(void);
+/* Kernel support (hidden: each library binds its own). Records the printf-formatted message as
+ * this thread's last error and returns -1 (a kernel's error return). */
+__attribute__((visibility("hidden"), format(printf, 1, 2))) int32_t KilnErrorf(const char* fmt, ...);
+/* Checks packed argument i against the
+ * buffer a kernel was compiled for: a CPU DLTensor of dtype (code, bits), the given shape, compact
+ * row-major; on a mismatch records "<fn>: argument <i> (<name>) ..." and returns -1, else 0. */
+__attribute__((visibility("hidden"))) int32_t KilnCheckTensorArg(const char* fn, int32_t i, const char* name,
+                                                                 const int32_t* type_codes, const KilnValue* args,
+                                                                 int32_t ndim, const int64_t* shape, uint8_t code,
+                                                                 uint8_t bits);
 
 #ifdef __cplusplus
 }
