@@ -113,7 +113,7 @@ def load_cases() -> dict[str, NodeCase]:
         with open(path, "rb") as f:
             _CASES = pickle.load(f)
         return _CASES
-    except Exception:  # missing or stale cache
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):  # missing or stale cache
         pass
     cases = _generate()
     try:

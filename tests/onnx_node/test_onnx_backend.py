@@ -6,7 +6,7 @@ import unittest
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, checker, helper
 
 from kiln.frontend.onnx_backend import KilnBackend, STAGE_NOTE, shape_inputs
 from tests.onnx_node import node_cases
@@ -62,7 +62,7 @@ def test_prepare_is_lazy_and_checks_the_model():
     assert rep.freeze_names == []
     bad = _relu_model()
     bad.graph.node[0].input[0] = "nope"
-    with pytest.raises(Exception):
+    with pytest.raises(checker.ValidationError, match="nope"):
         KilnBackend.prepare(bad)
 
 

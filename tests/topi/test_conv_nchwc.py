@@ -56,7 +56,8 @@ CASES: list[Case] = [
     # layout transforms both ways, between blocks, and of weights
     Case("layout_transform", [((2, 24, 5, 7), F32)], {"src_layout": "NCHW", "dst_layout": "NCHW8c"}, label="to8"),
     Case("layout_transform", [((1, 3, 5, 7, 8), F32)], {"src_layout": "NCHW8c", "dst_layout": "NCHW"}, label="from8"),
-    Case("layout_transform", [((1, 4, 3, 5, 4), F32)], {"src_layout": "NCHW4c", "dst_layout": "NCHW16c"}, label="4to16"),
+    Case("layout_transform", [((1, 4, 3, 5, 4), F32)], {"src_layout": "NCHW4c", "dst_layout": "NCHW16c"},
+         label="4to16"),
     Case("layout_transform", [((16, 12, 3, 3), F32)], {"src_layout": "OIHW", "dst_layout": "OIHW4i8o"}, label="w"),
 ]
 
