@@ -162,3 +162,17 @@ def test_bad_job_count_is_named(monkeypatch):
     monkeypatch.setenv("KILN_COMPILE_JOBS", "many")
     with pytest.raises(CompileError, match="KILN_COMPILE_JOBS"):
         llvm_jobs.compile_jobs()
+
+
+def test_cross_target_module_saves_one_object_for_that_machine(monkeypatch, tmp_path):
+    """The host's `cc -r` cannot join AArch64 objects: a cross module is compiled whole instead."""
+    from kiln.runtime.elf import ElfFile
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    mod = codegen.build_module(_funcs(2), "llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72")
+    assert len(mod.objects) == 2
+    out = tmp_path / "k.o"
+    mod.save(str(out))
+    data = out.read_bytes()
+    assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == 183  # EM_AARCH64
+    assert ElfFile(str(out)).exported_functions() == ["kern_0", "kern_1"]

@@ -149,13 +149,37 @@ class LLVMModule(CompiledOnDemand, Module):
         return self._ir_text
 
     def object_path(self) -> str:
-        """Path of one relocatable object holding every kernel (joined and cached on first use)."""
+        """Path of one relocatable object holding every kernel (made and cached on first use).
+
+        For the host's triple the kernels' objects are joined with ``cc -r``; the host's linker
+        cannot join another machine's objects, so a cross target compiles all kernels as one
+        LLVM module instead (cached too).
+        """
         if self._obj_path is None:
             if len(self.objects) == 1:
                 self._obj_path = self.objects[0]
-            else:
+            elif _spec(self.target)["triple"] == llvm.get_process_triple():
                 self._obj_path = _join_objects(self.objects, self.target)
+            else:
+                self._obj_path = self._whole_module_object()
         return self._obj_path
+
+    def _whole_module_object(self) -> str:
+        if self.funcs is None:
+            raise KilnError(f"this LLVMModule keeps no kernels, so its {len(self.objects)} objects for "
+                            f"{_spec(self.target)['triple']} cannot be made into one")
+        fps = [structural_fingerprint(f) for f in self.funcs]
+        key = None
+        if all(fp is not None for fp in fps):
+            key = _kernel_key("whole:" + ",".join(fp for fp in fps if fp is not None), self.target)
+
+        def produce(out: str) -> None:
+            with open(out, "wb") as f:
+                f.write(_compile_here(self.ir_text, self.target))
+
+        if key is None:  # an unfingerprintable kernel: key by the IR itself
+            key = cache.make_key(_KEY_VERSION, "whole-ir", self.ir_text, str(self.target))
+        return cache.cached_file(key, "o", produce, what="llvm whole-module object")
 
     def object_code(self) -> bytes:
         """The object file's bytes."""
