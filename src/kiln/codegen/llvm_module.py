@@ -63,9 +63,11 @@ def target_machine(target: Any) -> Any:
         raise CompileError(str(err)) from None
 
 
-def _codegen(target: Any) -> LLVMCodeGen:
-    tm = target_machine(target)
-    cg = LLVMCodeGen(_spec(target)["triple"], str(tm.target_data))
+def _codegen(target: Any, data_layout: str | None = None) -> LLVMCodeGen:
+    """A fresh code generator for ``target`` (``data_layout``: reuse one already asked of LLVM)."""
+    if data_layout is None:
+        data_layout = str(target_machine(target).target_data)
+    cg = LLVMCodeGen(_spec(target)["triple"], data_layout)
     cg.vector_bytes = target_vector_bytes(target)
     return cg
 
@@ -301,11 +303,9 @@ def build_llvm(funcs: Sequence[PrimFunc], target: Any) -> LLVMModule:
         ir_of: dict[int, str] = {}
 
         def generate() -> Any:
-            tm = target_machine(target)
-            layout, triple = str(tm.target_data), _spec(target)["triple"]
+            layout = str(target_machine(target).target_data)
             for i in misses:
-                cg = LLVMCodeGen(triple, layout)
-                cg.vector_bytes = target_vector_bytes(target)
+                cg = _codegen(target, layout)  # one module per kernel: one object per cache entry
                 cg.add_function(funcs[i])
                 ir = cg.finish()
                 if keys[i] is None:
