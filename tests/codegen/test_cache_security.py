@@ -104,6 +104,23 @@ def test_eviction_keeps_the_cache_under_its_cap(private_cache, monkeypatch):
         assert os.path.exists(p + ".mac") == ok  # no orphan MACs
 
 
+def test_stores_do_not_rescan_the_cache_each_time(private_cache, monkeypatch):
+    # A scan stats every entry; scanning per store made a build of N kernels O(N * cache size).
+    monkeypatch.setenv("KILN_CACHE_MAX_BYTES", "1000000")
+    scans = []
+    real = cache._evict
+    monkeypatch.setattr(cache, "_evict", lambda *a, **k: scans.append(a) or real(*a, **k))
+    for i in range(20):
+        cache.cached_file(cache.make_key(f"s{i}"), "so", _writer(b"x" * 100))
+    assert len(scans) == 1
+    # ... but passing the cap still evicts at once
+    monkeypatch.setenv("KILN_CACHE_MAX_BYTES", "1500")
+    cache.cached_file(cache.make_key("big"), "so", _writer(b"y" * 1000))
+    assert len(scans) == 2
+    total = sum(f.stat().st_size for f in private_cache.rglob("*") if f.is_file() and f.parent != private_cache)
+    assert total <= 1500
+
+
 def test_hit_refreshes_last_use(private_cache):
     k = cache.make_key("f")
     p = cache.cached_file(k, "so", _writer(b"F"))

@@ -75,17 +75,20 @@ def test_inspect_lists_device_kernels_and_sizes(resnet18_cuda_so: str, capsys) -
     assert dev["binary_bytes"] > 0 and len(dev["kernels"]) >= len(dev["functions"]) > 10
 
 
-def test_loading_without_cuda_is_a_clear_error(resnet18_cuda_so: str, no_cuda) -> None:
-    with pytest.raises(DeviceError, match=r"cannot load a cuda device module.*libcuda_absent\.so\.1 not found.*"
+def test_loads_without_cuda_and_the_executor_says_what_is_missing(resnet18_cuda_so: str, no_cuda) -> None:
+    lib = kiln.runtime.load_module(resnet18_cuda_so)  # device runtimes are lazy: loading needs none
+    assert any(m.type_key == "cuda" for m in lib.walk())
+    with pytest.raises(DeviceError, match=r"cannot run a cuda device module.*libcuda_absent\.so\.1 not found.*"
                                           r"install the NVIDIA driver"):
-        kiln.runtime.load_module(resnet18_cuda_so)
+        lib["default"](kiln.cuda())
 
 
 def test_fresh_process_without_cuda(resnet18_cuda_so: str, tmp_path) -> None:
     """The same in a fresh process (as a deployment would see it), and the CLI still inspects."""
     env = dict(os.environ, KILN_CUDA_LIBRARY=str(tmp_path / "nope" / "libcuda.so.1"))
     code = ("import kiln, sys\n"
-            "try:\n    kiln.runtime.load_module(sys.argv[1])\n"
+            "lib = kiln.runtime.load_module(sys.argv[1])\n"
+            "try:\n    lib['default'](kiln.cuda())\n"
             "except kiln.runtime.DeviceError as e:\n    print('ERR', e); sys.exit(3)\n")
     r = subprocess.run([sys.executable, "-c", code, resnet18_cuda_so], env=env, capture_output=True, text=True)
     assert r.returncode == 3, r.stderr

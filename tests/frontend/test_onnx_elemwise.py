@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 
-from tests.frontend.onnx_check import check_node, rand
+from kiln.runtime.errors import InputError
+from onnx import helper
+
+from tests.frontend.onnx_check import check_node, make_model, rand, run_kiln
 
 UNARY = ["Relu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs", "Erf", "Floor", "Ceil", "Round",
          "Sign", "Sin", "Cos", "Softplus", "Softsign", "HardSwish", "Identity"]
@@ -72,6 +75,51 @@ def test_mod():
     check_node("Mod", {"a": a, "b": b})
     check_node("Mod", {"a": a, "b": b}, {"fmod": 1})
     check_node("Mod", {"a": rand(4, lo=-5, hi=5), "b": rand(4, seed=2, lo=1, hi=2)}, {"fmod": 1})
+
+
+def test_mod_float_floored():
+    # Opset 28: fmod=0 on floats takes the divisor's sign (NumPy / Python %).
+    a = rand(3, 8, lo=-9, hi=9)
+    b = rand(3, 8, seed=4, lo=-3, hi=3)
+    check_node("Mod", {"a": a, "b": b}, opset=28)
+    check_node("Mod", {"a": a.astype(np.float64), "b": b[0].astype(np.float64)}, opset=28)
+    check_node("Mod", {"a": a, "b": b}, {"fmod": 1}, opset=28)
+
+
+def test_mod_float_floored_needs_opset_28():
+    feeds = {"a": rand(4), "b": rand(4, seed=2, lo=1, hi=2)}
+    model = make_model([helper.make_node("Mod", ["a", "b"], ["out"], fmod=0)], feeds, ["out"], 17)
+    with pytest.raises(InputError, match="fmod=0 needs integer inputs before opset 28"):
+        run_kiln(model, feeds)
+
+
+@pytest.mark.parametrize("op,lo,hi", [("Tan", -1.4, 1.4), ("Asin", -0.99, 0.99), ("Acos", -0.99, 0.99),
+                                      ("Atan", -8, 8), ("Sinh", -4, 4), ("Cosh", -4, 4), ("Asinh", -8, 8),
+                                      ("Acosh", 1, 8), ("Atanh", -0.99, 0.99), ("Mish", -8, 8)])
+def test_unary_math(op, lo, hi):
+    check_node(op, {"x": rand(2, 3, 5, lo=lo, hi=hi)}, opset=22 if op == "Mish" else 17)
+
+
+@pytest.mark.parametrize("op,attrs,opset", [
+    ("Celu", {}, 17), ("Celu", {"alpha": 2.0}, 17), ("Shrink", {}, 17),
+    ("Shrink", {"lambd": 1.5, "bias": 0.5}, 17), ("ThresholdedRelu", {}, 17),
+    ("ThresholdedRelu", {"alpha": 0.3}, 17), ("Swish", {}, 24), ("Swish", {"alpha": 0.5}, 24),
+])
+def test_activation_attrs(op, attrs, opset):
+    check_node(op, {"x": rand(2, 3, 4, lo=-4, hi=4)}, attrs, opset=opset)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "float64"])
+def test_shrink_dtypes(dtype):
+    lo = 0 if dtype == "uint8" else -9
+    check_node("Shrink", {"x": rand(3, 7, dtype=dtype, lo=lo, hi=9)}, {"lambd": 1.5, "bias": 1.5})
+
+
+def test_celu_alpha_zero_rejected():
+    feeds = {"x": rand(2, 3)}
+    model = make_model([helper.make_node("Celu", ["x"], ["out"], alpha=0.0)], feeds, ["out"])
+    with pytest.raises(InputError, match="celu alpha must be non-zero"):
+        run_kiln(model, feeds)
 
 
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])

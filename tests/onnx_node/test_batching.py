@@ -208,14 +208,25 @@ def test_wrong_expected_output_fails_only_that_case():
 
 def test_case_that_breaks_its_batch_fails_alone():
     from kiln.frontend.onnx_backend import KilnBackend
+    from kiln.runtime.errors import UnsupportedOpError
+
+    class _Refusing(KilnBackend):
+        """Kiln's backend, refusing models with a node named ``*refuse_me`` as an unsupported op
+        would (any real op may be supported some day; this case must keep failing)."""
+
+        @classmethod
+        def prepare(cls, model, device="CPU", **kwargs):
+            if any(n.name.endswith("refuse_me") for n in model.graph.node):
+                raise UnsupportedOpError("the model uses 1 unsupported ONNX op type(s): refuse_me")
+            return super().prepare(model, device, **kwargs)
 
     cases = _cases()
     x = np.eye(2, dtype="float32")
-    # Det is not a Kiln op: the merged model fails to import, so the batch is split
-    cases["case_zz_det"] = _case("case_zz_det", [helper.make_node("Det", ["x"], ["y"])],
-                                 [("x", x)], [("y", np.array(1.0, "float32"))])
+    # the merged model fails to import, so the batch is split
+    cases["case_zz_det"] = _case("case_zz_det", [helper.make_node("Neg", ["x"], ["y"], name="refuse_me")],
+                                 [("x", x)], [("y", -x)])
     singles = _CountingSingles()
-    runner = batching.BatchRunner(cases, list(cases), KilnBackend, batch_size=8, run_single=singles)
+    runner = batching.BatchRunner(cases, list(cases), _Refusing, batch_size=8, run_single=singles)
     failed = []
     for name in cases:
         try:

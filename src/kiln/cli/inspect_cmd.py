@@ -20,6 +20,7 @@ import sys
 import tarfile
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..runtime import cpu_features
 from ..runtime.errors import FormatError, KilnFileNotFoundError
 from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target,
                    parse_input_shapes, require_file)
@@ -141,6 +142,22 @@ def _format_device_module(desc: dict[str, Any], pad: str) -> list[str]:
     return lines
 
 
+def _isa_info(note: bytes | None, where: str) -> dict[str, Any] | None:
+    """The library's CPU requirement and what it means on this machine (None: not recorded)."""
+    if note is None:
+        return None
+    arch, feats = cpu_features.decode_requirement(note, where)
+    host_arch, host = cpu_features.host_cpu()
+    if host_arch != arch:
+        here = f"this machine is {host_arch}: it cannot run it"
+    elif host is None:
+        here = "this machine's features cannot be read"
+    else:
+        missing = [f for f in feats if f not in host]
+        here = f"this machine lacks {', '.join(missing)}" if missing else "this machine has them all"
+    return {"arch": arch, "features": feats, "here": here}
+
+
 def _inspect_so(path: str) -> dict[str, Any]:
     from ..runtime import blob as _blob
     from ..runtime.export import open_library_elf
@@ -155,6 +172,7 @@ def _inspect_so(path: str) -> dict[str, Any]:
         "functions": [f for f in funcs if f not in CRT_FUNCTIONS and f not in ("_init", "_fini")],
         "has_crt": all(f in funcs for f in ("KilnRunSequence", "KilnGetLastError")),
         "blob": None,
+        "isa": _isa_info(elf.section_data(cpu_features.ISA_SECTION), path),
     }
     sec = elf.section_data(_blob.SECTION_NAME)
     if sec is not None:
@@ -197,6 +215,8 @@ def _inspect_tar(path: str) -> dict[str, Any]:
         "files": files,
         "modules": man.get("modules", []),
         "options": man.get("options", []),
+        "isa": None if man.get("isa") is None else _isa_info(
+            json.dumps(man["isa"]).encode(), f"{path}: {MANIFEST_NAME}"),
         "functions": sorted(set(funcs)),
         "blob": blob_info,
     }
@@ -264,6 +284,9 @@ def _format(info: dict[str, Any]) -> str:
             lines.append(f"  file {f['name']}: {fmt_bytes(f['bytes'])}")
         if info.get("options"):
             lines.append(f"compile options: {' '.join(info['options'])}")
+    isa = info.get("isa")
+    if isa is not None:
+        lines.append(f"cpu requirement: {isa['arch']} {' '.join(isa['features']) or '-'} ({isa['here']})")
     blob = info["blob"]
     lines.append("module tree:")
     if blob is None:
@@ -397,8 +420,15 @@ def _format_compiled_model(m: dict[str, Any], functions: Any = ()) -> str:
     return "\n".join(lines)
 
 
-def inspect_onnx(path: str) -> dict[str, Any]:
-    """Inputs, outputs, op counts and Kiln support of an ONNX model (JSON-able dict)."""
+def inspect_onnx(path: str, shapes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Inputs, outputs, op counts and Kiln support of an ONNX model (JSON-able dict).
+
+    Support is checked by converting the model (with ``shapes`` fixing input shapes, as
+    ``--input-shape`` does), so unsupported variants of supported op types (a 3-D Conv, an
+    attribute value Kiln lacks, a dtype) are found too: ``conversion`` lists every node that
+    fails, not only the first. A model whose inputs have no static shape is only checked
+    against the table of op types, and ``conversion`` says why.
+    """
     model = load_onnx_model(path)
     g = model.graph
     import onnx
@@ -432,6 +462,12 @@ def inspect_onnx(path: str) -> dict[str, Any]:
         unsupported = sorted(k for k in counts if k not in supported)
     except Exception:  # noqa: BLE001 - the frontend is optional for a plain summary
         unsupported = None
+    conversion = _conversion_check(model, shapes) if unsupported is not None else None
+    if conversion is not None and conversion["checked"]:
+        # Op types without a converter that are not evaluated at import (constant inputs) are
+        # the ones conversion reports by type; a folded one is supported in this model.
+        failed = {e["op_type"] for e in conversion["errors"]}
+        unsupported = [k for k in unsupported or () if k in failed]
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return {
         "path": path,
@@ -447,7 +483,21 @@ def inspect_onnx(path: str) -> dict[str, Any]:
         "nodes": len(g.node),
         "op_counts": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
         "unsupported_ops": unsupported,
+        "conversion": conversion,
     }
+
+
+def _conversion_check(model: Any, shapes: dict[str, Any] | None) -> dict[str, Any]:
+    """Every node the ONNX frontend cannot convert (``checked`` False, with the ``reason``,
+    when the model as a whole cannot be converted, e.g. for dynamic input shapes)."""
+    from ..frontend.onnx.converter import conversion_errors
+    from ..runtime.errors import KilnError
+
+    try:
+        errors, skipped = conversion_errors(model, shapes or None)
+    except KilnError as err:
+        return {"checked": False, "reason": str(err)}
+    return {"checked": True, "errors": errors, "skipped_nodes": skipped}
 
 
 def _format_onnx(info: dict[str, Any]) -> str:
@@ -462,12 +512,21 @@ def _format_onnx(info: dict[str, Any]) -> str:
     lines.append(f"nodes: {info['nodes']} ({len(info['op_counts'])} op types)")
     lines.append("op counts: " + ", ".join(f"{k} {v}" for k, v in info["op_counts"].items()))
     uns = info["unsupported_ops"]
+    conv = info.get("conversion")
+    errors = conv["errors"] if conv and conv["checked"] else []
     if uns is None:
         lines.append("kiln support: unknown (the ONNX frontend is not available)")
     elif uns:
         lines.append(f"kiln support: UNSUPPORTED op types: {', '.join(uns)}")
-    else:
+    elif not errors:
         lines.append(f"kiln support: all {len(info['op_counts'])} op types are supported")
+    if errors and conv is not None:
+        more = f"; {conv['skipped_nodes']} more depend on them" if conv["skipped_nodes"] else ""
+        lines.append(f"kiln support: {len(errors)} node(s) cannot be converted{more}:")
+        lines += [f"  {e['error']}" for e in errors]
+    elif conv and not conv["checked"]:
+        lines.append(f"kiln support: op variants (attributes, ranks, dtypes) not checked: {conv['reason']} "
+                     "(--input-shape NAME:D1,D2,... fixes an input's shape)")
     return "\n".join(lines)
 
 
@@ -479,7 +538,7 @@ def _run_extended(args: argparse.Namespace) -> int:
     if is_onnx:
         require_file(path, "ONNX model")
         shapes = parse_input_shapes(args.input_shape)
-        info: dict[str, Any] = inspect_onnx(path)
+        info: dict[str, Any] = inspect_onnx(path, shapes)
         graph: Any = None  # imported only when --ir, --plan or --graph needs the IR
         params: Any = None
         if args.ir or args.plan or args.graph:

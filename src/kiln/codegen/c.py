@@ -177,6 +177,19 @@ class CCodeGen(CStylePrinter):
             return f"{to_float}({to_bits}((float){self.expr(e.value)}))"
         return super()._cast(e)
 
+    def _reinterpret(self, e: Call) -> str:
+        """BitCast: the storage bits of the argument read as ``e.dtype`` (a GNU statement
+        expression; ``memcpy`` is the aliasing-safe way to move bits between types)."""
+        src, dst = e.args[0].dtype, e.dtype
+        v = self.expr(e.args[0])
+        bits = f"{_HALF_CONVERT[src][1]}({v})" if src in _HALF_CONVERT else v
+        src_t, dst_t = self.d.type_name(src), self.d.type_name(dst)
+        out = f"{_HALF_CONVERT[dst][0]}(kiln_rd_)" if dst in _HALF_CONVERT else "kiln_rd_"
+        if dst == "bool":
+            out = "(kiln_rd_ != 0)"
+        return (f"({{ {src_t} kiln_rs_ = ({src_t})({bits}); {dst_t} kiln_rd_; "
+                f"__builtin_memcpy(&kiln_rd_, &kiln_rs_, sizeof kiln_rd_); {out}; }})")
+
     def _math_call(self, e: Call, args: Sequence[str]) -> str:
         if e.op in VECTOR_MATH and e.args[0].dtype != "float64":
             return f"{self._math_fn(e.op, 1)}({args[0]})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..runtime.csource import CSourceModule
+from ..target.isa import isa_of
 from ..tir.stmt import PrimFunc
 from .c import generate_c
 
@@ -24,6 +25,13 @@ class KernelCSourceModule(CSourceModule):
         super().__init__(code, func_names, options)
         self.cc = cc or None
         self.target_str = target
+
+    def isa_requirement(self) -> tuple[str, frozenset[str]] | None:
+        """``(arch, features)`` the compiled code may use (see ``LLVMModule.isa_requirement``)."""
+        if not self.target_str:
+            return None
+        isa = isa_of(self.target_str)
+        return isa.arch, isa.features
 
     def _library(self):  # noqa: ANN202 - LibraryModule
         if self._lib is not None:

@@ -327,8 +327,37 @@ def _produce_entry(key: str, ext: str, where: tuple[str, bytes], produce: Callab
     with _lock:
         stats["misses"] += 1
     log.debug("cache miss %s: built %s", what, path)
-    _evict(os.path.dirname(d), max_bytes(), keep=path)
+    _account(os.path.dirname(d), path, max_bytes())
     return path
+
+
+#: Per cache root: the bytes this process believes the cache holds, and the stores since the
+#: last full scan. A full scan stats every entry, so scanning on every store made a build of N
+#: kernels O(N * cache size); now a process scans once, adds what it stores, and scans again
+#: only when its estimate passes the cap (or every ``_RESCAN_EVERY`` stores, to notice what
+#: other processes added). The cap is therefore soft by at most what other processes stored
+#: since this one's last scan.
+_estimate: dict[str, list[int]] = {}
+_RESCAN_EVERY = 512
+
+
+def _account(root: str, path: str, cap: int) -> None:
+    if cap <= 0:
+        return
+    try:
+        added = os.path.getsize(path) + os.path.getsize(path + _MAC_EXT)
+    except OSError:
+        added = 0
+    with _lock:
+        est = _estimate.get(root)
+        if est is not None:
+            est[0] += added
+            est[1] += 1
+            if est[0] <= cap and est[1] < _RESCAN_EVERY:
+                return
+    total = _evict(root, cap, keep=path)
+    with _lock:
+        _estimate[root] = [total, 0]
 
 
 def _touch(path: str) -> None:
@@ -338,16 +367,19 @@ def _touch(path: str) -> None:
         pass
 
 
-def _evict(root: str, cap: int, keep: str) -> None:
-    """Remove least recently used entries (and their MACs) until the cache is within ``cap``."""
+def _evict(root: str, cap: int, keep: str) -> int:
+    """Remove least recently used entries (and their MACs) until the cache is within ``cap``.
+
+    Returns the cache's size in bytes afterwards (as far as the scan saw it).
+    """
     if cap <= 0:
-        return
+        return 0
     entries: list[tuple[float, int, str]] = []
     total = 0
     try:
         subdirs = [e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False) and len(e.name) == 2]
     except OSError:
-        return
+        return 0
     for sub in subdirs:
         try:
             files = list(os.scandir(sub))
@@ -361,7 +393,7 @@ def _evict(root: str, cap: int, keep: str) -> None:
             mac = sizes.get(p + _MAC_EXT)
             entries.append((st.st_mtime, st.st_size + (mac.st_size if mac else 0), p))
     if total <= cap:
-        return
+        return total
     for _mtime, size, p in sorted(entries):
         if total <= cap:
             break
@@ -371,6 +403,7 @@ def _evict(root: str, cap: int, keep: str) -> None:
         _silent_remove(p)
         total -= size
         log.debug("cache evict %s (%d bytes)", p, size)
+    return total
 
 
 def _uncached(ext: str, produce: Callable[[str], None]) -> str:

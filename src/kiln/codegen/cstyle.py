@@ -33,8 +33,13 @@ from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse,
 
 __all__ = [
     "CStylePrinter", "Scope", "INFIX_OPS", "PREDICATE_OPS", "WRAP_DTYPES", "INT_SUFFIX", "MATH_OPS",
-    "SPECIAL_FLOAT_OPS", "C_KEYWORDS", "CDialect",
+    "SPECIAL_FLOAT_OPS", "C_KEYWORDS", "CDialect", "REINTERPRET",
 ]
+
+#: Intrinsic ``Call(dst, REINTERPRET, [x], text=dst)`` of ONNX BitCast (``kiln.topi.integer``): the
+#: bits of ``x`` read as ``dst``, a dtype of the same width. Dialects opt in by overriding
+#: ``CStylePrinter._reinterpret``.
+REINTERPRET = "kiln.reinterpret"
 
 #: Binary operators printed as a C infix operator (``min``/``max``/floor division are helpers).
 INFIX_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -316,6 +321,8 @@ class CStylePrinter:
     def _call(self, e: Call) -> str:
         if e.op == CHECKED_INDEX:
             return self._checked_index(e)
+        if e.op == REINTERPRET:
+            return self._reinterpret(e)
         args = [self.expr(a) for a in e.args]
         if e.op in SPECIAL_FLOAT_OPS:
             return self.d.is_special_float(e.op, args[0], e.args[0].dtype)
@@ -329,6 +336,11 @@ class CStylePrinter:
     def _checked_index(self, e: Call) -> str:
         """:data:`~kiln.tir.expr.CHECKED_INDEX` ``(index, n)``: an index read from data."""
         raise NotImplementedError
+
+    def _reinterpret(self, e: Call) -> str:
+        """:data:`REINTERPRET` (ONNX BitCast): the argument's bits read as ``e.dtype``."""
+        raise CompileError(f"{self.lang} codegen: reinterpreting {e.args[0].dtype} bits as {e.dtype} (BitCast) "
+                           f"is not supported")
 
     def _offset(self, b: Buffer, indices: Sequence[PrimExpr]) -> str:
         if b.ndim == 0 and not indices:

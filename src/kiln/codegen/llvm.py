@@ -58,6 +58,8 @@ _INTRINSIC = {"exp": "llvm.exp", "exp2": "llvm.exp2", "log": "llvm.log", "log2":
               "fabs": "llvm.fabs", "pow": "llvm.pow"}
 _LIBM = {"tanh", "erf", "log1p", "expm1", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
          "atanh", "atan2", "fmod"}
+#: BitCast's intrinsic (``kiln.topi.integer.REINTERPRET``): same bits, another dtype.
+_REINTERPRET = "kiln.reinterpret"
 _ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -610,6 +612,8 @@ class LLVMCodeGen:
         b = st.b
         if e.op == CHECKED_INDEX:
             return self._checked_index(st, e)
+        if e.op == _REINTERPRET:
+            return self._reinterpret(st, self._expr(st, e.args[0]), e.args[0].dtype, e.dtype)
         args = [self._expr(st, a) for a in e.args]
         ty = args[0].type
         if e.op in ("isnan", "isinf", "isfinite"):
@@ -629,6 +633,25 @@ class LLVMCodeGen:
         else:
             raise CompileError(f"LLVM codegen: unknown intrinsic {e.op!r}")
         return b.call(fn, args)
+
+    def _reinterpret(self, st: _Fn, v: ir.Value, src: str, dst: str) -> ir.Value:
+        """The storage bits of a ``src`` value read as ``dst`` (BitCast; the widths match)."""
+        b = st.b
+        if src == "float16":  # half values compute widened to float32; narrowing is exact
+            bits = b.bitcast(b.fptrunc(v, ir.HalfType()), I16)
+        elif src == "bfloat16":
+            bits = self._f2bf(st, v)
+        elif src == "bool":
+            bits = b.zext(v, I8)
+        else:
+            bits = v if v.type == storage_type(src) else b.bitcast(v, storage_type(src))
+        if dst == "float16":
+            return b.fpext(b.bitcast(bits, ir.HalfType()), F32)
+        if dst == "bfloat16":
+            return self._bf2f(st, bits)
+        if dst == "bool":
+            return b.icmp_unsigned("!=", bits, ir.Constant(bits.type, 0))
+        return bits if bits.type == storage_type(dst) else b.bitcast(bits, storage_type(dst))
 
     def _checked_index(self, st: _Fn, e: Call) -> ir.Value:
         """Wrap a negative index; return the error from the current function (the kernel or a

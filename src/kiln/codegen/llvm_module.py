@@ -31,6 +31,7 @@ from ..runtime.errors import CompileError, KilnError
 from ..runtime.library_module import CompiledOnDemand
 from ..runtime.module import Module, PackedFunction
 from ..tir.fingerprint import structural_fingerprint
+from ..target.isa import isa_of
 from ..tir.stmt import PrimFunc
 from . import cache, llvm_jobs, llvm_worker
 from .c import target_vector_bytes
@@ -139,6 +140,15 @@ class LLVMModule(CompiledOnDemand, Module):
         self._obj_path: str | None = None
         self._lib = None
         self._lock = threading.Lock()
+
+    def isa_requirement(self) -> tuple[str, frozenset[str]]:
+        """``(arch, features)`` the kernels' code may use: what a library holding them needs.
+
+        From :func:`kiln.target.isa_of` of the target; ``export_library`` records it and
+        ``load_module`` checks it (:mod:`kiln.runtime.cpu_features`).
+        """
+        isa = isa_of(self.target)
+        return isa.arch, isa.features
 
     # ---- code --------------------------------------------------------------------
     @property

@@ -20,6 +20,7 @@ __all__ = [
     "CompileError",
     "UnsupportedOpError",
     "TargetError",
+    "UnsupportedHostError",
 ]
 
 
@@ -65,3 +66,7 @@ class UnsupportedOpError(KilnError, NotImplementedError):
 
 class TargetError(KilnError, ValueError):
     """A target string or dict is malformed or names an unknown kind/option."""
+
+
+class UnsupportedHostError(KilnError, RuntimeError):
+    """A library needs CPU features (or an architecture) this machine does not have."""

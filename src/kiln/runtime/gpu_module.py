@@ -350,6 +350,7 @@ class GPUModule(Module):
         self._programs: dict[int, Any] = {}  # device id -> what _load returned
         self._launchers: dict[str, _Launcher] = {}
         self._lock = threading.Lock()
+        self._runtime_ok = False  # require_runtime passed once: the driver stays loaded
 
     # ---- backend hooks ---------------------------------------------------------------------
     def _load(self, device_id: int) -> Any:
@@ -404,6 +405,7 @@ class GPUModule(Module):
             with self._lock:
                 p = self._programs.get(device_id)
                 if p is None:
+                    self.require_runtime()
                     p = self._load(device_id)
                     self._programs[device_id] = p
         return p
@@ -500,25 +502,38 @@ class GPUModule(Module):
 
     @classmethod
     def load_binary(cls, payload: bytes) -> "GPUModule":
-        """The ``loadbinary_<type_key>`` loader: parse the payload, then check the runtime.
+        """The ``loadbinary_<type_key>`` loader: parse the payload. Needs no driver.
+
+        A library holding device code therefore loads (and can be inspected, and its CPU
+        functions run) on a machine without the device runtime; the runtime is needed only
+        when an executor is created on the device or a function runs there
+        (:meth:`require_runtime`).
 
         Raises
         ------
         FormatError
             On a malformed payload.
-        DeviceError
-            When the driver or a device is missing; the message names the functions and what
-            to install. A library holding such a module can still be inspected without either.
         """
-        p = cls.decode_payload(payload)
+        return cls.from_payload(cls.decode_payload(payload))
+
+    def require_runtime(self) -> None:
+        """Raise unless this module's device runtime (driver + a device) is usable here.
+
+        Raises
+        ------
+        DeviceError
+            Naming the module's functions and what to install.
+        """
+        if self._runtime_ok:
+            return
         try:
-            cls._check_runtime()
+            type(self)._check_runtime()
         except DeviceError as err:
-            names = [f.name for f in p.functions]
+            names = list(self.functions)
             what = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-            article = "an" if cls.type_key[:1] in "aeiou" else "a"
-            raise DeviceError(f"cannot load {article} {cls.type_key} device module (kernels: {what}): {err}") from None
-        return cls.from_payload(p)
+            article = "an" if self.type_key[:1] in "aeiou" else "a"
+            raise DeviceError(f"cannot run {article} {self.type_key} device module (kernels: {what}): {err}") from None
+        self._runtime_ok = True
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.fmt}, {len(self.data)} bytes, {len(self.source)} source chars, "

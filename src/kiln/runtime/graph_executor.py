@@ -148,6 +148,11 @@ class GraphExecutor:
             if not isinstance(d, Device):
                 raise InputError(f"devices must be kiln Device objects, got {type(d).__name__}")
         self.devices: list[Any] = devs
+        # Device code loads anywhere; its runtime is needed from here on, so say now what is missing.
+        for m in lib.walk() if hasattr(lib, "walk") else ():
+            need = getattr(m, "require_runtime", None)
+            if need is not None and any(d.device_type == getattr(m, "device_type", None) for d in devs):
+                need()
         g = self.graph
         # ---- names -------------------------------------------------------------------------
         self.arg_names: list[str] = [g.nodes[n].name for n in g.arg_nodes]

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
+from ..runtime.cpu_features import machine_arch, parse_cpuinfo_flags
 from ..runtime.errors import TargetError
 
 __all__ = ["ISA", "isa_of", "host_isa", "baseline_isa", "cpu_isa", "parse_cpuinfo", "KNOWN_CPUS"]
@@ -323,16 +324,7 @@ KNOWN_CPUS: tuple[str, ...] = tuple(sorted(_CPU_TABLE))
 _BASELINE = {"x86": "x86-64", "arm": "generic-arm", "riscv": "generic-rv64"}
 
 
-def _arch_of_machine(machine: str) -> str:
-    """Architecture family of a triple's first component or ``platform.machine()``."""
-    m = machine.lower()
-    if m in ("x86_64", "amd64", "x86-64", "x64") or re.fullmatch(r"i[3-6]86", m):
-        return "x86"
-    if m.startswith(("aarch64", "arm64", "arm")):
-        return "arm"
-    if m.startswith("riscv"):
-        return "riscv"
-    return "other"
+_arch_of_machine = machine_arch  # one spelling of "which family is this machine": the runtime's
 
 
 def _shape(arch: str, feats: set[str]) -> tuple[int, int]:
@@ -387,22 +379,13 @@ def baseline_isa(arch: str, mattr: Iterable[str] = ()) -> ISA:
 
 
 # ---------------------------------------------------------------------------- host
-_CPUINFO_RENAME = {
-    "pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "avx512_vnni": "avx512vnni", "avx_vnni": "avxvnni",
-    "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16", "avx512_vbmi2": "avx512vbmi2",
-    "avx512_bitalg": "avx512bitalg", "avx512_vpopcntdq": "avx512vpopcntdq", "avx512vbmi": "avx512vbmi",
-    # Arm
-    "asimd": "neon", "asimddp": "dotprod", "asimdhp": "fullfp16", "i8mm": "i8mm", "bf16": "bf16",
-    "sve": "sve", "sve2": "sve2",
-}
-
-
 def parse_cpuinfo(text: str, machine: str | None = None) -> tuple[str, set[str]]:
     """Architecture family and LLVM-spelled features from ``/proc/cpuinfo`` text.
 
     x86 reads the ``flags`` line, Arm the ``Features`` line, RISC-V the ``isa`` line
-    (``rv64imafdcv`` → ``f``, ``d``, ``v``).  Flags with no vector meaning are kept as they
-    are (harmless: nothing asks for them).
+    (``rv64imafdcv`` → ``f``, ``d``, ``v``), as :func:`kiln.runtime.cpu_features.parse_cpuinfo_flags`
+    does; the features are then closed under implication.  Flags with no vector meaning are
+    kept as they are (harmless: nothing asks for them).
 
     Parameters
     ----------
@@ -411,22 +394,8 @@ def parse_cpuinfo(text: str, machine: str | None = None) -> tuple[str, set[str]]
     machine : str, optional
         ``platform.machine()`` of the machine it came from (default: this one).
     """
-    arch = _arch_of_machine(machine if machine is not None else platform.machine())
-    feats: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if arch == "x86" and key == "flags":
-            feats = {_CPUINFO_RENAME.get(f, f) for f in value.split()}
-            break
-        if arch == "arm" and key == "features":
-            feats = {_CPUINFO_RENAME.get(f, f) for f in value.split()}
-            break
-        if arch == "riscv" and key == "isa":
-            base = value.strip().lower().split("_")[0]  # rv64imafdcv_zicsr_... -> rv64imafdcv
-            feats = {c for c in re.sub(r"^rv\d+", "", base) if c.isalpha()}
-            break
-    return arch, _closure(feats, _IMPLIES.get(arch, {}))
+    arch, feats = parse_cpuinfo_flags(text, machine)
+    return arch, _closure(feats or (), _IMPLIES.get(arch, {}))
 
 
 def _sysfs_caches(root: str) -> tuple[int, int]:

@@ -62,9 +62,20 @@ def _div(dt: str) -> Callable[[Any, Any], Any]:
 
 
 def _mod(dt: str, fmod: bool) -> Callable[[Any, Any], Any]:
-    if is_float(dt):
+    if is_float(dt) and fmod:
         return te.fmod
     zero, one = te.const(0, dt), te.const(1, dt)
+
+    if is_float(dt):
+        def floored(a: Any, b: Any) -> Any:
+            # NumPy / Python float ``%``: C fmod moved into the divisor's sign, a zero result
+            # signed like the divisor (the ONNX reference for fmod=0).
+            r = te.fmod(a, b)
+            wrong_sign = te.logical_and(te.not_equal(r, zero), te.not_equal(r < zero, b < zero))
+            r = te.if_then_else(wrong_sign, r + b, r)
+            return te.if_then_else(te.equal(r, zero), te.if_then_else(b < zero, te.const(-0.0, dt), zero), r)
+
+        return floored
 
     def f(a: Any, b: Any) -> Any:
         safe = te.if_then_else(te.equal(b, zero), one, b)

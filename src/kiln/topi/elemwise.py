@@ -63,6 +63,16 @@ _FLOAT_UNARY: dict[str, Callable[[Any], Any]] = {
     "softplus": _softplus,
     "softsign": lambda v: v / (_c(1.0, v) + te.abs(v)),
     "hard_swish": lambda v: v * _hard_sigmoid_clamp(v / _c(6.0, v) + _c(0.5, v)),
+    "tan": te.tan,
+    "asin": te.asin,
+    "acos": te.acos,
+    "atan": te.atan,
+    "sinh": te.sinh,
+    "cosh": te.cosh,
+    "asinh": te.asinh,
+    "acosh": te.acosh,
+    "atanh": te.atanh,
+    "mish": lambda v: v * te.tanh(_softplus(v)),
 }
 
 
@@ -184,6 +194,47 @@ def hard_sigmoid(attrs: dict, inputs: list, out_types: list) -> list:
     """``clip(alpha * x + beta, 0, 1)``."""
     a, b = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
     return [float_unary(inputs[0], lambda v: _hard_sigmoid_clamp(_c(a, v) * v + _c(b, v)), "hard_sigmoid")]
+
+
+@register_compute("celu")
+def celu(attrs: dict, inputs: list, out_types: list) -> list:
+    """``x if x > 0 else alpha * (exp(x / alpha) - 1)``."""
+    a = float(attrs.get("alpha", 1.0))
+    return [float_unary(inputs[0], lambda v: te.if_then_else(
+        v > _c(0.0, v), v, _c(a, v) * te.expm1(te.minimum(v, _c(0.0, v)) / _c(a, v))), "celu")]
+
+
+@register_compute("swish")
+def swish(attrs: dict, inputs: list, out_types: list) -> list:
+    """``x * sigmoid(alpha * x)``."""
+    a = float(attrs.get("alpha", 1.0))
+    return [float_unary(inputs[0], lambda v: v * te.sigmoid(_c(a, v) * v), "swish")]
+
+
+@register_compute("shrink")
+def shrink(attrs: dict, inputs: list, out_types: list) -> list:
+    """``x + bias if x < -lambd, x - bias if x > lambd, else 0``.
+
+    Integer inputs are compared and shifted in float64 and truncated back (ONNX Runtime's result
+    for a fractional ``bias``).
+    """
+    x = inputs[0]
+    lam, b = float(attrs.get("lambd", 0.5)), float(attrs.get("bias", 0.0))
+
+    def f(v: Any) -> Any:
+        return te.if_then_else(v < _c(-lam, v), v + _c(b, v),
+                               te.if_then_else(v > _c(lam, v), v - _c(b, v), _c(0.0, v)))
+
+    if is_float(x.dtype):
+        return [float_unary(x, f, "shrink")]
+    return [elemwise(x, lambda v: f(te.cast(v, "float64")), "shrink")]
+
+
+@register_compute("thresholded_relu")
+def thresholded_relu(attrs: dict, inputs: list, out_types: list) -> list:
+    """``x if x > alpha else 0``."""
+    a = float(attrs.get("alpha", 1.0))
+    return [float_unary(inputs[0], lambda v: te.if_then_else(v > _c(a, v), v, _c(0.0, v)), "thresholded_relu")]
 
 
 @register_compute("gelu")

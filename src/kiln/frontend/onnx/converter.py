@@ -6,6 +6,8 @@ constants, so shape computations (``Shape -> Gather -> Unsqueeze -> Concat -> Re
 as static attributes. Initializers become parameter placeholders (graph inputs) whose arrays are
 returned in ``params``; converters may still read their values when an input must be static
 (a Reshape shape, Resize scales, ...). Parameters only used that way disappear from the graph.
+A node of an op type without a converter is evaluated at import when its inputs are static
+(:mod:`.fold`); only unsupported nodes that may see runtime values make the import fail.
 
 A model is untrusted input: every way it can be malformed ends in a Kiln error naming the
 offending node, tensor or value, never in a raw Python exception. Three layers see to it:
@@ -30,9 +32,10 @@ from ...ir import Graph, Value, dead_code_elimination, get_op
 from ...ir.types import DTYPES, TensorType, np_dtype
 from ...runtime.errors import (FormatError, InputError, KilnError, KilnFileNotFoundError,
                                UnsupportedOpError)
+from .fold import blocking_nodes, fold_node, is_default_domain
 
 __all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops", "convert_nodes",
-           "NodeAttrs", "check_size", "MAX_TENSOR_ELEMENTS"]
+           "NodeAttrs", "check_size", "MAX_TENSOR_ELEMENTS", "conversion_errors"]
 
 ConverterFn = Callable[["Context", Any, list, dict], "list[Value] | Value"]
 _CONVERTERS: dict[str, ConverterFn] = {}
@@ -87,6 +90,7 @@ def supported_ops() -> list[str]:
 
 def _load_converters() -> None:
     from . import ops_control, ops_math, ops_nn, ops_tensor  # noqa: F401
+    from . import ops_attention, ops_index, ops_integer, ops_loss, ops_recurrent, ops_spatial  # noqa: F401
 
 
 def _elem_type_name(elem_type: int) -> str:
@@ -187,6 +191,11 @@ class Context:
         self.opset = opset
         self.node: Any = None
         self.param_values: dict[Value, np.ndarray] = {}
+        #: Opset per domain ("" included), for evaluating nodes at import (:mod:`.fold`).
+        self.opsets: dict[str, int] = {"": opset}
+        #: (errors, [skipped]) while :func:`conversion_errors` runs: the top-level
+        #: :func:`convert_nodes` records node errors there instead of raising.
+        self.collect: tuple[list[dict[str, str]], list[int]] | None = None
         #: ONNX name -> IR value of the graph being converted (subgraphs read outer names).
         self.env: dict[str, Value] = {}
 
@@ -353,35 +362,22 @@ def load_onnx(model_or_path: Any) -> Any:
     return model
 
 
-def _all_nodes(graph: Any) -> list[Any]:
-    """The nodes of ``graph`` and, recursively, of its subgraphs (Loop / If bodies)."""
-    import onnx
+def _check_supported(graph: Any, static: set[str]) -> None:
+    """One UnsupportedOpError listing every unsupported node that may see a runtime value.
 
-    res = []
-    for node in graph.node:
-        res.append(node)
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                res.extend(_all_nodes(a.g))
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sub in a.graphs:
-                    res.extend(_all_nodes(sub))
-    return res
-
-
-def _check_supported(graph: Any) -> None:
+    Unsupported nodes fed only by constants and shapes are not listed: they are evaluated at
+    import (:mod:`.fold`) when the conversion reaches them.
+    """
     missing: dict[str, list[str]] = {}
-    for i, node in enumerate(_all_nodes(graph)):
-        domain = node.domain or ""
-        key = node.op_type if domain in ("", "ai.onnx") else f"{domain}.{node.op_type}"
-        if domain not in ("", "ai.onnx") or node.op_type not in _CONVERTERS:
-            # str(): protobuf hands back bytes for names that are not valid UTF-8
-            missing.setdefault(str(key), []).append(str(node.name or f"#{i}"))
+    for key, name in blocking_nodes(graph, static, _CONVERTERS):
+        missing.setdefault(key, []).append(name)
     if missing:
         parts = [f"{op} (nodes: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})"
                  for op, names in sorted(missing.items())]
         raise UnsupportedOpError(
-            f"the model uses {len(missing)} unsupported ONNX op type(s): " + "; ".join(parts))
+            f"the model uses {len(missing)} unsupported ONNX op type(s): " + "; ".join(parts)
+            + " (these depend on runtime inputs; one fed only by initializers and shapes "
+              "would be evaluated at import)")
 
 
 def _check_graph(graph: Any) -> None:
@@ -517,6 +513,50 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
     InputError
         Missing/dynamic shapes, unknown names in ``shape``/``freeze``, type mismatches.
     """
+    return _convert(model_or_path, shape, dtype, freeze, None)
+
+
+def conversion_errors(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = None,
+                      ) -> tuple[list[dict[str, str]], int]:
+    """Every node :func:`from_onnx` cannot convert, instead of only the first.
+
+    Converts the whole model, recording each node's error (an op type without a converter
+    that is not evaluated at import, an unsupported attribute value, rank or dtype, ...)
+    and going on with the nodes that do not depend on a failed one.
+
+    Parameters
+    ----------
+    model_or_path : onnx.ModelProto, str, os.PathLike or bytes
+        The model.
+    shape : dict, optional
+        ``{input_name: shape}``, as for :func:`from_onnx`.
+
+    Returns
+    -------
+    errors : list of dict
+        One ``{"node": name, "op_type": key, "error": message}`` per failed node, in graph
+        order (``key`` is ``domain.Op`` outside the default domain).
+    skipped : int
+        Nodes not converted because an input comes from a failed node.
+
+    Raises
+    ------
+    KilnError
+        Errors that concern the whole model rather than a node (unreadable model, dynamic
+        input shapes without ``shape``, unknown names in ``shape``).
+    """
+    errors: list[dict[str, str]] = []
+    counts = [0]
+    _convert(model_or_path, shape, None, None, (errors, counts))
+    return errors, counts[0]
+
+
+def _convert(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None,
+             dtype: str | Mapping[str, str] | None,
+             freeze: Mapping[str, np.ndarray] | bool | None,
+             collect: tuple[list[dict[str, str]], list[int]] | None,
+             ) -> tuple[Graph, dict[str, np.ndarray]]:
+    """:func:`from_onnx`; with ``collect`` (errors, [skipped]) node errors are recorded there."""
     _load_converters()
     model = load_onnx(model_or_path)
     opset = 1
@@ -525,9 +565,10 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
             opset = imp.version
     g = model.graph
     _check_graph(g)
-    _check_supported(g)
     freeze_all = freeze is True
     freeze_map = dict(freeze) if isinstance(freeze, Mapping) else {}
+    if collect is None:  # collecting: each unsupported node is reported where it fails
+        _check_supported(g, set(freeze_map))
     shape = dict(shape or {})
 
     init_names = {t.name for t in g.initializer}
@@ -544,6 +585,9 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
             raise InputError(f"dtype= names unknown input(s) {unknown}")
 
     ctx = Context(opset, g.name or "main")
+    ctx.collect = collect
+    ctx.opsets.update({imp.domain: imp.version for imp in model.opset_import
+                       if imp.domain not in ("", "ai.onnx")})
     env: dict[str, Value] = {}
     ctx.env = env
     for vi in real_inputs:
@@ -583,6 +627,15 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
 
     missing_outputs: dict[str, str] = {}
     convert_nodes(ctx, g.node, env, missing_outputs)
+    if collect is not None:
+        for vi in g.output:
+            if vi.name not in env and vi.name in missing_outputs:
+                collect[0].append({"node": str(vi.name), "op_type": "(graph output)",
+                                   "error": f"graph output {vi.name!r} is "
+                                            f"{missing_outputs[vi.name]}, which Kiln does not "
+                                            f"compute"})
+        if collect[0] or collect[1][0]:
+            return ctx.graph, params  # incomplete: only the errors are wanted
     outputs = []
     for vi in g.output:
         if vi.name not in env:
@@ -613,51 +666,92 @@ def convert_nodes(ctx: Context, nodes: Sequence[Any], env: dict[str, Value],
         Give unnamed IR values their ONNX output names (off for unrolled loop bodies, whose
         names repeat every iteration).
     """
+    # Only the outermost call collects: a Loop body's error fails the Loop node.
+    collect, ctx.collect = ctx.collect, None
+    try:
+        _convert_nodes(ctx, nodes, env, missing_outputs, name_values, collect)
+    finally:
+        ctx.collect = collect
+
+
+def _convert_nodes(ctx: Context, nodes: Sequence[Any], env: dict[str, Value],
+                   missing_outputs: dict[str, str], name_values: bool,
+                   collect: tuple[list[dict[str, str]], list[int]] | None) -> None:
+    # ONNX name -> producing node, for evaluating unsupported nodes at import (:mod:`.fold`)
+    producers = {o: n for n in nodes for o in n.output if o}
+    failed: set[str] = set()  # outputs of nodes that failed while collecting errors
     for node in nodes:
         ctx.node = node
-        ins: list[Value | None] = []
-        for name in node.input:
-            if not name:
-                ins.append(None)
-            elif name in env:
-                ins.append(env[name])
-            elif name in missing_outputs:
-                raise UnsupportedOpError(f"{node.op_type} node {node.name!r} uses "
-                                         f"{missing_outputs[name]}, which Kiln does not compute")
-            else:
-                raise InputError(f"{node.op_type} node {node.name!r}: input {name!r} is not "
-                                 f"defined before use")
+        if collect is not None and any(n in failed for n in node.input):
+            collect[1][0] += 1
+            failed.update(o for o in node.output if o)
+            continue
         try:
-            attrs = NodeAttrs(_attrs_of(node), ctx.where, ctx.opset)
-            _check_node(node, ctx.opset, attrs)
-            res = _CONVERTERS[node.op_type](ctx, node, ins, attrs)
-            res = [res] if isinstance(res, Value) else list(res)
-            for i, v in enumerate(res[:len(node.output)]):
-                if v is not None and node.output[i]:
-                    check_size(v.shape, f"output {i} ({node.output[i]!r})")
-        except UnsupportedOpError:
-            raise
+            res = _convert_node(ctx, node, env, missing_outputs, producers)
         except KilnError as exc:
-            msg = str(exc)
-            prefix = f"ONNX {node.op_type} node {node.name!r}: "
-            raise type(exc)(msg if node.name and repr(node.name) in msg else prefix + msg) \
-                from None
-        except Exception as exc:  # noqa: BLE001  (the model is untrusted input: see module doc)
-            raise InputError(
-                f"ONNX {node.op_type} node {node.name!r} (opset {ctx.opset}) cannot be "
-                f"converted: its inputs {[v.type if v is not None else None for v in ins]} or "
-                f"attributes {sorted(str(a.name) for a in node.attribute)} do not fit what "
-                f"{node.op_type} expects ({type(exc).__name__}: {exc})") from exc
+            if collect is None:
+                raise
+            key = node.op_type if is_default_domain(node) else f"{node.domain}.{node.op_type}"
+            collect[0].append({"node": str(node.name), "op_type": str(key), "error": str(exc)})
+            failed.update(o for o in node.output if o)
+            continue
         for i, name in enumerate(node.output):
             if not name:
                 continue
-            if i < len(res) and res[i] is not None:
-                env[name] = res[i]
-                if name_values and res[i].name is None:
-                    res[i].name = name
+            v = res[i] if i < len(res) else None
+            if v is not None:
+                env[name] = v
+                if name_values and v.name is None:
+                    v.name = name
             else:
                 missing_outputs[name] = f"output {i} ({name!r}) of {node.op_type} node " \
                                         f"{node.name!r}"
+
+
+def _convert_node(ctx: Context, node: Any, env: dict[str, Value], missing_outputs: dict[str, str],
+                  producers: dict[str, Any]) -> list[Value | None]:
+    """The converted outputs of one node; every failure is a KilnError naming the node."""
+    ins: list[Value | None] = []
+    for name in node.input:
+        if not name:
+            ins.append(None)
+        elif name in env:
+            ins.append(env[name])
+        elif name in missing_outputs:
+            raise UnsupportedOpError(f"{node.op_type} node {node.name!r} uses "
+                                     f"{missing_outputs[name]}, which Kiln does not compute")
+        else:
+            raise InputError(f"{node.op_type} node {node.name!r}: input {name!r} is not "
+                             f"defined before use")
+    try:
+        conv = _CONVERTERS.get(node.op_type) if is_default_domain(node) else None
+        res: Any  # a converter returns one Value or a sequence of them
+        if conv is None:
+            # No converter: _check_supported let it through because its inputs are static.
+            # The reference evaluator reads the attributes itself (string ones included).
+            res = fold_node(ctx, node, env, producers)
+        else:
+            attrs = NodeAttrs(_attrs_of(node), ctx.where, ctx.opset)
+            _check_node(node, ctx.opset, attrs)
+            res = conv(ctx, node, ins, attrs)
+        res = [res] if isinstance(res, Value) else list(res)
+        for i, v in enumerate(res[:len(node.output)]):
+            if v is not None and node.output[i]:
+                check_size(v.shape, f"output {i} ({node.output[i]!r})")
+    except UnsupportedOpError:
+        raise
+    except KilnError as exc:
+        msg = str(exc)
+        prefix = f"ONNX {node.op_type} node {node.name!r}: "
+        raise type(exc)(msg if node.name and repr(node.name) in msg else prefix + msg) \
+            from None
+    except Exception as exc:  # noqa: BLE001  (the model is untrusted input: see module doc)
+        raise InputError(
+            f"ONNX {node.op_type} node {node.name!r} (opset {ctx.opset}) cannot be "
+            f"converted: its inputs {[v.type if v is not None else None for v in ins]} or "
+            f"attributes {sorted(str(a.name) for a in node.attribute)} do not fit what "
+            f"{node.op_type} expects ({type(exc).__name__}: {exc})") from exc
+    return res
 
 
 def _prune(graph: Graph, param_names: set[str]) -> Graph:

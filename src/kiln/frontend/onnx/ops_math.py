@@ -12,7 +12,9 @@ _UNARY = {
     "Sqrt": "sqrt", "Neg": "negative", "Abs": "abs", "Reciprocal": "reciprocal", "Erf": "erf",
     "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "Sin": "sin",
     "Cos": "cos", "Softplus": "softplus", "Softsign": "softsign", "HardSwish": "hard_swish",
-    "Not": "logical_not", "IsNaN": "isnan",
+    "Not": "logical_not", "IsNaN": "isnan", "Tan": "tan", "Asin": "asin", "Acos": "acos",
+    "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh", "Asinh": "asinh", "Acosh": "acosh",
+    "Atanh": "atanh", "Mish": "mish",
 }
 
 _BINARY = {
@@ -47,7 +49,12 @@ def _pow(ctx: Context, node, ins, attrs):
 
 @onnx_op("Mod")
 def _mod(ctx: Context, node, ins, attrs):
-    return ctx.emit1("mod", ins[0], ins[1], fmod=bool(attrs.get("fmod", 0)))
+    fmod = bool(attrs.get("fmod", 0))
+    if not fmod and ctx.opset < 28 and ins[0].dtype in ("float16", "bfloat16", "float32", "float64"):
+        # Floored float remainder only exists from opset 28; before, the model is invalid.
+        raise ctx.bad(f"fmod=0 needs integer inputs before opset 28, got {ins[0].dtype} "
+                      f"(set fmod=1 for C fmod, opset {ctx.opset})")
+    return ctx.emit1("mod", ins[0], ins[1], fmod=fmod)
 
 
 @onnx_op("IsInf")
@@ -90,6 +97,26 @@ def _selu(ctx: Context, node, ins, attrs):
 def _hard_sigmoid(ctx: Context, node, ins, attrs):
     return ctx.emit1("hard_sigmoid", ins[0], alpha=attrs.get("alpha", 0.2),
                      beta=attrs.get("beta", 0.5))
+
+
+@onnx_op("Celu")
+def _celu(ctx: Context, node, ins, attrs):
+    return ctx.emit1("celu", ins[0], alpha=attrs.get("alpha", 1.0))
+
+
+@onnx_op("Swish")
+def _swish(ctx: Context, node, ins, attrs):
+    return ctx.emit1("swish", ins[0], alpha=attrs.get("alpha", 1.0))
+
+
+@onnx_op("Shrink")
+def _shrink(ctx: Context, node, ins, attrs):
+    return ctx.emit1("shrink", ins[0], lambd=attrs.get("lambd", 0.5), bias=attrs.get("bias", 0.0))
+
+
+@onnx_op("ThresholdedRelu")
+def _thresholded_relu(ctx: Context, node, ins, attrs):
+    return ctx.emit1("thresholded_relu", ins[0], alpha=attrs.get("alpha", 1.0))
 
 
 @onnx_op("PRelu")

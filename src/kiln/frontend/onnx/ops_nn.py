@@ -66,9 +66,14 @@ def _spatial_rank(ctx: Context, x: Value, what: str, ranks: tuple[int, ...] = (1
 def _conv(ctx: Context, node, ins, attrs):
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
-    nd = _spatial_rank(ctx, x, "Conv")
+    nd = _spatial_rank(ctx, x, "Conv", (1, 2, 3))
     kernel = tuple(attrs.get("kernel_shape", w.shape[2:]))
     strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, "Conv")
+    if nd == 3:
+        from .ops_recurrent import conv3d
+
+        y = conv3d(ctx, x, w, strides, dil, pads, attrs.get("group", 1))
+        return y if b is None else ctx.emit1("bias_add", y, b, axis=1)
     if nd == 1:
         x, w = _lift_1d(ctx, x), ctx.reshape(w, w.shape[:2] + (1,) + w.shape[2:])
     y = ctx.emit1("conv2d", x, w, strides=_to2d(strides, nd, 1), dilation=_to2d(dil, nd, 1),

@@ -265,14 +265,17 @@ def _gather_nd(ctx: Context, node, ins, attrs):
 @onnx_op("ScatterElements", "Scatter")
 def _scatter_elements(ctx: Context, node, ins, attrs):
     x, idx, upd = ins
-    return ctx.emit1("scatter_elements", x, idx, upd, axis=ctx.axis(attrs.get("axis", 0), x.type.ndim),
-                     reduction=attrs.get("reduction", "none"))
+    red = attrs.get("reduction", "none")
+    # a reduction is a different kernel (every update accumulates): kiln.ir.ops.index
+    op = "scatter_elements" if red == "none" else "scatter_elements_reduce"
+    return ctx.emit1(op, x, idx, upd, axis=ctx.axis(attrs.get("axis", 0), x.type.ndim), reduction=red)
 
 
 @onnx_op("ScatterND")
 def _scatter_nd(ctx: Context, node, ins, attrs):
     x, idx, upd = ins
-    return ctx.emit1("scatter_nd", x, idx, upd, reduction=attrs.get("reduction", "none"))
+    red = attrs.get("reduction", "none")
+    return ctx.emit1("scatter_nd" if red == "none" else "scatter_nd_reduce", x, idx, upd, reduction=red)
 
 
 @onnx_op("OneHot")

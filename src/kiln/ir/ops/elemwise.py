@@ -31,6 +31,14 @@ def _float_unary_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     return [ts[0]]
 
 
+def _celu_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
+    require_float(ts[0])
+    if attrs["alpha"] == 0.0:
+        # exp(x / alpha) is undefined: refuse rather than fill the output with NaN.
+        raise InputError("celu alpha must be non-zero, got 0.0")
+    return [ts[0]]
+
+
 def _numeric_unary_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     if ts[0].dtype == "bool":
         raise InputError("input must be numeric, got bool")
@@ -148,9 +156,18 @@ def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _mod(a: np.ndarray, b: np.ndarray, fmod: bool) -> np.ndarray:
     with np.errstate(all="ignore"):
-        if fmod or a.dtype.kind == "f" or a.dtype.name in ("float16", "bfloat16"):
+        if fmod:
             return np.fmod(a, b).astype(a.dtype)
+        if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+            # ONNX (onnx >= 1.20 reference): fmod=0 on floats also takes the divisor's sign.
+            return np.mod(a, b).astype(a.dtype)
         return np.mod(a, np.where(b == 0, 1, b)).astype(a.dtype)
+
+
+def _shrink(x: np.ndarray, lambd: float, bias: float) -> np.ndarray:
+    # Compared in float64 (like the kernels' float32 compute type) so that a half input does
+    # not round the thresholds first.
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0.0))
 
 
 def _binary(fn):
@@ -215,6 +232,17 @@ _FLOAT_UNARY = {
     "hard_swish": (lambda x, a: x.astype(np.float64)
                    * np.clip(x.astype(np.float64) / 6.0 + 0.5, 0.0, 1.0),
                    "x * max(0, min(1, x / 6 + 1/2))"),
+    "tan": (lambda x, a: np.tan(x.astype(np.float64)), "tangent"),
+    "asin": (lambda x, a: np.arcsin(x.astype(np.float64)), "arcsine"),
+    "acos": (lambda x, a: np.arccos(x.astype(np.float64)), "arccosine"),
+    "atan": (lambda x, a: np.arctan(x.astype(np.float64)), "arctangent"),
+    "sinh": (lambda x, a: np.sinh(x.astype(np.float64)), "hyperbolic sine"),
+    "cosh": (lambda x, a: np.cosh(x.astype(np.float64)), "hyperbolic cosine"),
+    "asinh": (lambda x, a: np.arcsinh(x.astype(np.float64)), "inverse hyperbolic sine"),
+    "acosh": (lambda x, a: np.arccosh(x.astype(np.float64)), "inverse hyperbolic cosine"),
+    "atanh": (lambda x, a: np.arctanh(x.astype(np.float64)), "inverse hyperbolic tangent"),
+    "mish": (lambda x, a: x.astype(np.float64) * np.tanh(np.logaddexp(0.0, x.astype(np.float64))),
+             "x * tanh(log(1 + exp(x)))"),
 }
 
 for _name, (_fn, _doc) in _FLOAT_UNARY.items():
@@ -265,6 +293,20 @@ register_op("hard_sigmoid", attrs={"alpha": ("float", 0.2), "beta": ("float", 0.
             ref=_r1(_cast_back(lambda x, a: np.clip(
                 a["alpha"] * x.astype(np.float64) + a["beta"], 0.0, 1.0))),
             doc="max(0, min(1, alpha * x + beta))", inputs=("data",))
+register_op("celu", attrs={"alpha": ("float", 1.0)}, type_rel=_celu_rel, pattern=E,
+            ref=_r1(_cast_back(lambda x, a: np.where(
+                x > 0, x, a["alpha"] * np.expm1(np.minimum(x.astype(np.float64), 0.0) / a["alpha"])))),
+            doc="x if x > 0 else alpha * (exp(x / alpha) - 1)", inputs=("data",))
+register_op("swish", attrs={"alpha": ("float", 1.0)}, type_rel=_float_unary_rel, pattern=E,
+            ref=_r1(_cast_back(lambda x, a: x.astype(np.float64) * _sigmoid(a["alpha"] * x.astype(np.float64)))),
+            doc="x * sigmoid(alpha * x)", inputs=("data",))
+register_op("shrink", attrs={"lambd": ("float", 0.5), "bias": ("float", 0.0)}, type_rel=_numeric_unary_rel,
+            pattern=E, ref=_r1(_cast_back(lambda x, a: _shrink(x.astype(np.float64), a["lambd"], a["bias"]))),
+            doc="x + bias if x < -lambd, x - bias if x > lambd, else 0 (integers: computed in float64, "
+                "truncated back)", inputs=("data",))
+register_op("thresholded_relu", attrs={"alpha": ("float", 1.0)}, type_rel=_float_unary_rel, pattern=E,
+            ref=_r1(_cast_back(lambda x, a: np.where(x.astype(np.float64) > a["alpha"], x, np.zeros((), x.dtype)))),
+            doc="x if x > alpha else 0", inputs=("data",))
 register_op("gelu", attrs={"approximate": ("str", "none")}, type_rel=_float_unary_rel, pattern=E,
             ref=_r1(_cast_back(lambda x, a: _gelu(x, a["approximate"]))),
             doc='0.5 x (1 + erf(x / sqrt 2)); approximate="tanh" uses the tanh formula',
@@ -308,7 +350,7 @@ register_op("power", type_rel=_power_rel, pattern=B,
             doc="a ** b (b may have another dtype; result has a's dtype)", inputs=("lhs", "rhs"))
 register_op("mod", attrs={"fmod": ("bool", False)}, type_rel=_binary_rel, pattern=B,
             ref=lambda xs, a: [_mod(xs[0], xs[1], a["fmod"])], num_inputs=2,
-            doc="remainder; fmod=False: sign of divisor (ints), fmod=True: C fmod",
+            doc="remainder; fmod=False: sign of divisor (Python %; int x % 0 = 0), fmod=True: C fmod",
             inputs=("lhs", "rhs"))
 
 _COMPARE = {

@@ -1,0 +1,319 @@
+"""Computes and schedules: index, scatter and scan-like ops (ScatterElements, ScatterND, GatherND, TensorScatter,
+Trilu, CumSum, CumProd, OneHot, EyeLike, ReverseSequence, Det, window functions).
+
+The ops of :mod:`kiln.ir.ops.index`. Like the scatters of :mod:`.transform`, the scatters with a
+reduction are written as searches (every output element reduces over the updates that land on
+it), so a kernel only ever writes its own output element and reads with indices proven in
+bounds: each index read from data goes through :func:`.transform.data_index` (checked at run
+time). The scans are ``O(n^2)`` along the scanned axis for the same reason (one independent
+reduction per output element, which the generic schedules parallelise). The generic
+schedules are used for all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from .. import te
+from ..ir.ops.index import permutation_terms
+from .registry import register_compute
+from .transform import data_index, unravel
+from .util import TAG_INJECTIVE, acc_dtype, load, norm_axis
+
+__all__ = ["TAG_SCAN", "TAG_SCATTER_REDUCE", "SCAN_BLOCK_MIN", "checked_count"]
+
+#: Tag of the reduction stage of cumsum / cumprod.
+TAG_SCAN = "scan"
+#: Tag of the reduction stage of the scatters with a reduction.
+TAG_SCATTER_REDUCE = "scatter_reduce"
+
+
+def checked_count(v: Any, n: int, what: str) -> Any:
+    """A value read from data that must lie in ``[0, n)``, checked at run time (int64).
+
+    Unlike :func:`kiln.te.checked_index` a negative value does not count from the end: it is
+    moved below ``-n`` first, so it fails the check too (the error then shows ``v - n``).
+
+    Parameters
+    ----------
+    v : PrimExpr
+        The value (any integer type).
+    n : int
+        One past the largest valid value.
+    what : str
+        Subject of the run-time error message.
+
+    Returns
+    -------
+    PrimExpr
+        ``v`` as int64; the kernel fails with an error naming ``what`` for a value outside ``[0, n)``.
+    """
+    v = te.cast(v, "int64")
+    shifted = te.if_then_else(v < te.const(0, "int64"), v - te.const(n, "int64"), v)
+    return te.checked_index(shifted, n, f"{what} (a negative value is shown minus {n})")
+
+
+# ----------------------------------------------------------------------------- trilu
+@register_compute("trilu")
+def trilu(attrs: dict, inputs: list, out_types: list) -> list:
+    """``x`` where ``j - i >= k`` (upper) or ``j - i <= k`` (lower) in the last two dims, else 0."""
+    x = inputs[0]
+    k = int(attrs.get("k", 0))
+    upper = bool(attrs.get("upper", True))
+    zero = te.const(False, "bool") if x.dtype == "bool" else te.const(0, x.dtype)
+
+    def body(*p: Any) -> Any:
+        d = p[-1] - p[-2]
+        keep = d >= k if upper else d <= k
+        return te.if_then_else(keep, load(x, p), zero)
+
+    return [te.compute(tuple(x.shape), body, name="trilu", tag=TAG_INJECTIVE)]
+
+
+# ----------------------------------------------------------------------------- cumsum / cumprod
+#: Scans along an axis longer than this are blocked (see :func:`_scan`).
+SCAN_BLOCK_MIN = 64
+
+
+def _scan(kind: str) -> Any:
+    """The cumsum / cumprod compute. Each output element is an independent reduction (no
+    loop-carried state, so the generic schedules parallelise it): directly over the axis
+    (``O(n^2)``) for a short axis; for a longer one in blocks of ``B ~ sqrt(n)``: block totals,
+    their running totals, and each element's partial block (``O(n * sqrt(n))``)."""
+
+    def compute(attrs: dict, inputs: list, out_types: list) -> list:
+        x = inputs[0]
+        nd = len(x.shape)
+        axis = norm_axis(int(attrs.get("axis", 0)), nd)
+        exclusive, reverse = bool(attrs.get("exclusive", False)), bool(attrs.get("reverse", False))
+        n = int(x.shape[axis])
+        acc = acc_dtype(x.dtype)
+        red = te.sum if kind == "sum" else te.reduce_prod
+        shape = tuple(x.shape)
+
+        def taken(r: Any, i: Any) -> Any:
+            # the terms of out[i]: r <= i (inclusive), r < i (exclusive); mirrored for reverse
+            if reverse:
+                return r > i if exclusive else r >= i
+            return r < i if exclusive else r <= i
+
+        def read(p: tuple, j: Any) -> Any:
+            src = list(p)
+            src[axis] = j
+            return te.cast(load(x, src), acc)
+
+        if n <= SCAN_BLOCK_MIN:
+            r = te.reduce_axis((0, max(n, 1)), name="r")
+            # n == 0: nothing to read, and the (empty) output is never evaluated
+            scan = te.compute(shape, lambda *p: red(read(p, r.var), axis=r,
+                                                    where=taken(r.var, p[axis]) if n else te.const(False, "bool")),
+                              name=f"cum{kind}_acc", tag=TAG_SCAN)
+        else:
+            bs = max(1, int(round(n ** 0.5)))
+            nb = -(-n // bs)
+            bshape = shape[:axis] + (nb,) + shape[axis + 1:]
+            rb = te.reduce_axis((0, bs), name="rb")
+            # (the where-clauses keep the last, partial block inside the axis; the minimum only
+            # keeps the address in bounds should a code generator evaluate the term anyway)
+            total = cast(te.Tensor, te.compute(
+                bshape, lambda *p: red(read(p, te.minimum(p[axis] * bs + rb.var, n - 1)), axis=rb,
+                                       where=p[axis] * bs + rb.var < n),
+                name=f"cum{kind}_block", tag=TAG_SCAN))
+            rq = te.reduce_axis((0, nb), name="rq")
+            # blocks wholly before (after, for reverse) block q: exclusive or not, all of them count
+            before = cast(te.Tensor, te.compute(
+                bshape, lambda *p: red(load(total, p[:axis] + (rq.var,) + p[axis + 1:]), axis=rq,
+                                       where=rq.var > p[axis] if reverse else rq.var < p[axis]),
+                name=f"cum{kind}_blocks", tag=TAG_SCAN))
+            rr = te.reduce_axis((0, bs), name="rr")
+
+            def part_body(*p: Any) -> Any:
+                j = te.floordiv(p[axis], bs) * bs + rr.var
+                return red(read(p, te.minimum(j, n - 1)), axis=rr, where=te.all(j < n, taken(j, p[axis])))
+
+            part = cast(te.Tensor, te.compute(shape, part_body, name=f"cum{kind}_part", tag=TAG_SCAN))
+
+            def join(*p: Any) -> Any:
+                q = list(p)
+                q[axis] = te.floordiv(p[axis], bs)
+                a, b = load(before, q), load(part, p)
+                return a + b if kind == "sum" else a * b
+
+            scan = te.compute(shape, join, name=f"cum{kind}_acc", tag=TAG_INJECTIVE)
+        scan = cast(te.Tensor, scan)
+        if acc == x.dtype:
+            return [scan]
+        return [te.compute(shape, lambda *p: te.cast(load(scan, p), x.dtype), name=f"cum{kind}", tag=TAG_INJECTIVE)]
+
+    return compute
+
+
+register_compute("cumsum", _scan("sum"))
+register_compute("cumprod", _scan("prod"))
+
+
+# ----------------------------------------------------------------------------- reverse_sequence
+@register_compute("reverse_sequence")
+def reverse_sequence(attrs: dict, inputs: list, out_types: list) -> list:
+    """``out[b, t] = x[b, len[b] - 1 - t]`` for ``t < len[b]``, else ``x[b, t]`` (batch/time in
+    either order); each length is checked to lie in ``[0, time size]``."""
+    x, lens = inputs
+    nd = len(x.shape)
+    b = norm_axis(int(attrs.get("batch_axis", 1)), nd)
+    t = norm_axis(int(attrs.get("time_axis", 0)), nd)
+    n = int(x.shape[t])
+    what = f"reverse_sequence: sequence length (valid: [0, {n}]) for data with shape {tuple(int(d) for d in x.shape)}"
+
+    def body(*p: Any) -> Any:
+        m = checked_count(load(lens, [p[b]]), n + 1, what)
+        ti = te.cast(p[t], "int64")
+        # 0 <= m - 1 - ti < n whenever ti < m <= n
+        src = list(p)
+        src[t] = te.cast(te.if_then_else(ti < m, m - te.const(1, "int64") - ti, ti), "int32")
+        return load(x, src)
+
+    return [te.compute(tuple(x.shape), body, name="reverse_sequence", tag=TAG_INJECTIVE)]
+
+
+# ----------------------------------------------------------------------------- tensor_scatter
+@register_compute("tensor_scatter")
+def tensor_scatter(attrs: dict, inputs: list, out_types: list) -> list:
+    """Each cache position reads the update that lands on it, if any: ``q = t - w[batch]``
+    (modulo the axis size when circular) and ``out = update[q]`` for ``0 <= q < seq`` else the
+    cache. In linear mode each write index is checked to lie in ``[0, max_seq - seq]``."""
+    cache, upd = inputs[0], inputs[1]
+    wi = inputs[2] if len(inputs) > 2 else None
+    nd = len(cache.shape)
+    axis = norm_axis(int(attrs.get("axis", -2)), nd)
+    circular = attrs.get("mode", "linear") == "circular"
+    m, s = int(cache.shape[axis]), int(upd.shape[axis])
+    if s == 0:
+        return [te.compute(tuple(cache.shape), lambda *p: load(cache, p), name="tensor_scatter", tag=TAG_INJECTIVE)]
+    what = (f"tensor_scatter: write index (linear mode, valid: [0, {m - s}]) of {s} updates into an axis of size "
+            f"{m}")
+
+    def body(*p: Any) -> Any:
+        t = te.cast(p[axis], "int64")
+        if wi is None:
+            q = t
+        elif circular:
+            w = te.floormod(te.cast(load(wi, [p[0]]), "int64"), te.const(m, "int64"))
+            q = te.floormod(t - w, te.const(m, "int64"))
+        else:
+            q = t - checked_count(load(wi, [p[0]]), m - s + 1, what)
+        inside = te.all(q >= te.const(0, "int64"), q < te.const(s, "int64"))
+        src = list(p)
+        src[axis] = te.cast(q, "int32")
+        return te.if_then_else(inside, load(upd, src), load(cache, p))
+
+    return [te.compute(tuple(cache.shape), body, name="tensor_scatter", tag=TAG_INJECTIVE)]
+
+
+# ----------------------------------------------------------------------------- det
+@register_compute("det")
+def det(attrs: dict, inputs: list, out_types: list) -> list:
+    """Leibniz expansion (``n!`` products, ``n <= DET_MAX_N``) evaluated in float64."""
+    x = inputs[0]
+    n = int(x.shape[-1])
+    terms = permutation_terms(n)
+
+    def body(*p: Any) -> Any:
+        total: Any = te.const(1.0 if n == 0 else 0.0, "float64")
+        for sign, perm in terms:
+            prod: Any = None
+            for i, j in enumerate(perm):
+                v = te.cast(load(x, list(p) + [te.const(i), te.const(j)]), "float64")
+                prod = v if prod is None else prod * v
+            if prod is not None:
+                total = total + prod if sign > 0 else total - prod
+        return te.cast(total, x.dtype)
+
+    return [te.compute(tuple(x.shape[:-2]), body, name="det", tag=TAG_INJECTIVE)]
+
+
+# ----------------------------------------------------------------------------- scatters with a reduction
+_REDUCERS = {"add": te.sum, "mul": te.reduce_prod, "max": te.reduce_max, "min": te.reduce_min}
+
+
+def _combine(kind: str, a: Any, b: Any) -> Any:
+    if kind == "add":
+        return a + b
+    if kind == "mul":
+        return a * b
+    return te.maximum(a, b) if kind == "max" else te.minimum(a, b)
+
+
+def _identity(kind: str, dtype: str) -> Any:
+    if kind == "add":
+        return te.const(0, dtype)
+    if kind == "mul":
+        return te.const(1, dtype)
+    return te.min_value(dtype) if kind == "max" else te.max_value(dtype)
+
+
+def _finish(x: te.Tensor, red: te.Tensor, kind: str, acc: str, name: str) -> te.Tensor:
+    def body(*p: Any) -> Any:
+        return te.cast(_combine(kind, te.cast(load(x, p), acc), load(red, p)), x.dtype)
+
+    return cast(te.Tensor, te.compute(tuple(x.shape), body, name=name, tag=TAG_INJECTIVE))
+
+
+@register_compute("scatter_elements_reduce")
+def scatter_elements_reduce(attrs: dict, inputs: list, out_types: list) -> list:
+    """ONNX ScatterElements with a reduction, as a search: ``out[p]`` combines ``data[p]`` with
+    the reduction of every update along ``axis`` whose index is ``p[axis]``
+    (``O(size * updates along axis)``). Every index is checked (see :func:`data_index`)."""
+    x, ind, upd = inputs
+    nd = len(x.shape)
+    axis = norm_axis(int(attrs.get("axis", 0)), nd)
+    kind = attrs.get("reduction", "add")
+    acc = acc_dtype(x.dtype)
+    us = tuple(int(d) for d in ind.shape)
+    if 0 in us:
+        return [te.compute(tuple(x.shape), lambda *p: load(x, p), name="scatter_elements_reduce", tag=TAG_INJECTIVE)]
+    k = te.reduce_axis((0, us[axis]), name="k")
+    ident = _identity(kind, acc)
+
+    def red_body(*p: Any) -> Any:
+        u = list(p)
+        u[axis] = k.var
+        hit = te.equal(data_index(load(ind, u), x, axis, "scatter_elements_reduce"), p[axis])
+        val = te.cast(load(upd, u), acc)
+        # positions past the updates' extent (off axis) read nothing: the selects are lazy
+        inside = [p[m] < us[m] for m in range(nd) if m != axis and us[m] < x.shape[m]]
+        if inside:
+            ok = te.all(*inside)
+            hit = te.if_then_else(ok, hit, te.const(False, "bool"))
+            val = te.if_then_else(ok, val, ident)
+        return _REDUCERS[kind](val, axis=k, where=hit)
+
+    red = cast(te.Tensor, te.compute(tuple(x.shape), red_body, name="scatter_elements_reduce_acc",
+                                     tag=TAG_SCATTER_REDUCE))
+    return [_finish(x, red, kind, acc, "scatter_elements_reduce")]
+
+
+@register_compute("scatter_nd_reduce")
+def scatter_nd_reduce(attrs: dict, inputs: list, out_types: list) -> list:
+    """ONNX ScatterND with a reduction, as a search: ``out[p, j]`` combines ``data[p, j]`` with
+    the reduction of ``updates[row, j]`` over every index row equal to ``p``
+    (``O(size * rows * k)``). Every index is checked."""
+    x, ind, upd = inputs
+    kind = attrs.get("reduction", "add")
+    acc = acc_dtype(x.dtype)
+    k = int(ind.shape[-1])
+    qs = tuple(int(d) for d in ind.shape[:-1])
+    nq = 1
+    for d in qs:
+        nq *= d
+    if nq == 0:
+        return [te.compute(tuple(x.shape), lambda *p: load(x, p), name="scatter_nd_reduce", tag=TAG_INJECTIVE)]
+    r = te.reduce_axis((0, nq), name="r")
+
+    def red_body(*p: Any) -> Any:
+        q = unravel(r.var, qs)
+        hit = te.all(*[te.equal(data_index(load(ind, q + [te.const(m)]), x, m, "scatter_nd_reduce"), p[m])
+                       for m in range(k)])
+        return _REDUCERS[kind](te.cast(load(upd, q + list(p[k:])), acc), axis=r, where=hit)
+
+    red = cast(te.Tensor, te.compute(tuple(x.shape), red_body, name="scatter_nd_reduce_acc", tag=TAG_SCATTER_REDUCE))
+    return [_finish(x, red, kind, acc, "scatter_nd_reduce")]
