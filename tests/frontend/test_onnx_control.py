@@ -1,4 +1,5 @@
-"""ONNX Loop with a compile-time trip count (unrolled at import) vs ONNX Runtime."""
+"""ONNX Loop with a compile-time trip count (unrolled at import) and If with a condition known at
+import (the chosen branch inlined), vs ONNX Runtime."""
 
 import numpy as np
 import pytest
@@ -94,3 +95,79 @@ def test_loop_body_ops_are_checked_up_front():
     model = make_model([node], {"m": np.array(2, np.int64), "y0": rand(3)}, ["y"])
     with pytest.raises(UnsupportedOpError, match="NoSuchOp"):
         kiln.frontend.from_onnx(model, freeze={"m": np.array(2, np.int64)})
+
+
+def _if_model():
+    """y = x * 3 if x.shape[1] > 2 else x - 1: the condition comes from a shape, as exporters emit."""
+    def branch(name, op, const):
+        return helper.make_graph(
+            [helper.make_node(op, ["x", name + "_c"], [name + "_y"])], name, [],
+            [helper.make_tensor_value_info(name + "_y", TensorProto.FLOAT, None)],
+            initializer=[helper.make_tensor(name + "_c", TensorProto.FLOAT, [], [const])])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one"], ["d1"], axis=0),
+        helper.make_node("Greater", ["d1", "two"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=branch("then", "Mul", 3.0),
+                         else_branch=branch("else", "Sub", 1.0)),
+    ]
+    inits = {"one": np.array(1, np.int64), "two": np.array(2, np.int64)}
+    return nodes, inits
+
+
+@pytest.mark.parametrize("cols", [3, 2])
+def test_if_with_a_condition_known_at_import_inlines_the_branch(cols):
+    nodes, inits = _if_model()
+    feeds = {"x": rand(4, cols)}
+    model = make_model(nodes, feeds, ["y"], initializers=inits)
+    want = run_ort(model, feeds)
+    got, mod = run_kiln(model, feeds)
+    assert_close(got[0], want[0], what="If output")
+    ops = {n.op for n in mod.nodes}
+    assert ("multiply" in ops) == (cols > 2) and ("subtract" in ops) == (cols <= 2)  # only one branch
+
+
+def test_if_with_a_runtime_condition_is_unsupported():
+    def branch(name, op):
+        return helper.make_graph([helper.make_node(op, ["x"], [name + "_y"])], name, [],
+                                 [helper.make_tensor_value_info(name + "_y", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch("t", "Identity"), else_branch=branch("e", "Neg"))]
+    model = make_model(nodes, {"c": np.array(True), "x": rand(3)}, ["y"])
+    with pytest.raises(UnsupportedOpError, match="If node .*computed from the model's inputs at run time"):
+        kiln.frontend.from_onnx(model)
+
+
+def _scan_body():
+    """state' = state + x_t; outputs (state', state' * x_t)."""
+    return helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+         helper.make_node("Mul", ["s_out", "x_t"], ["y_t"])], "body",
+        [helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("x_t", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("y_t", TensorProto.FLOAT, [3])])
+
+
+@pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (1, 1, 1, 0), (0, 0, 1, 1)])
+def test_scan_unrolled_matches_ort(in_axis, in_dir, out_axis, out_dir):
+    xs = rand(5, 3) if in_axis == 0 else rand(3, 5)
+    node = helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=_scan_body(), num_scan_inputs=1,
+                            scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                            scan_output_axes=[out_axis], scan_output_directions=[out_dir])
+    feeds = {"s0": rand(3, seed=2), "xs": xs}
+    model = make_model([node], feeds, ["s", "ys"], opset=17)
+    want = run_ort(model, feeds)
+    got, mod = run_kiln(model, feeds)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, what=f"Scan output {i}")
+    assert sum(n.op == "multiply" for n in mod.nodes) == 5  # one body copy per step, on runtime inputs
+
+
+def test_scan_opset8_batched_matches_ort():
+    node = helper.make_node("Scan", ["", "s0", "xs"], ["s", "ys"], body=_scan_body(), num_scan_inputs=1)
+    feeds = {"s0": rand(2, 3, seed=3), "xs": rand(2, 4, 3, seed=4)}
+    model = make_model([node], feeds, ["s", "ys"], opset=8)
+    want = run_ort(model, feeds)
+    got, _ = run_kiln(model, feeds)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, what=f"Scan output {i}")

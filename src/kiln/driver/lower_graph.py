@@ -153,10 +153,9 @@ def _const_tensor(v: Value, name: str) -> Any:
         return te.const(float(x), dt)
 
     shape = tuple(v.shape)
-    if flat.size == 0:
-        raise KilnError("cannot inline an empty constant")
-    if bool(np.all(flat == flat[0])) or flat.size == 1:
-        value = lit(flat[0])
+    if flat.size == 0 or bool(np.all(flat == flat[0])):
+        # an empty constant has no element to read: any literal of its dtype stands for it
+        value = lit(flat[0] if flat.size else 0)
         return te.compute(shape, lambda *idx: value, name=name, tag="elemwise")
 
     strides = [int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape))]

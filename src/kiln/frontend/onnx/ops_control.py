@@ -1,11 +1,14 @@
-"""Converter for ONNX ``Loop`` with a compile-time trip count: the body is unrolled.
+"""Converters for ONNX control flow whose shape is known at import: ``Loop``, ``Scan`` and ``If``.
 
-Kiln compiles static graphs, so a loop whose iteration count is known when the model is
+Kiln compiles static graphs. A ``Loop`` whose iteration count is known when the model is
 imported (a constant, or an input frozen by the caller / the ONNX backend) becomes one copy of
 its body per iteration, with the loop-carried values threaded through and the scan outputs
-concatenated. When every input of the loop is constant the copies fold away at import (as in
+concatenated; when every input of the loop is constant the copies fold away at import (as in
 the function body of ``Range``). Loops whose count or continue-condition is only known at run
-time are rejected with an UnsupportedOpError.
+time are rejected with an UnsupportedOpError. A ``Scan`` always has a static length (the scan
+axis of its inputs), so it is unrolled the same way. An ``If`` whose condition is known at
+import is replaced by the chosen branch; a runtime condition needs runtime control flow, which
+Kiln does not have yet.
 """
 
 from __future__ import annotations
@@ -114,4 +117,146 @@ def _loop(ctx: Context, node, ins, attrs):
         results.append(rows[0] if len(rows) == 1 else ctx.emit1("concatenate", *rows, axis=0))
     # A loop output that is one of the inputs unchanged (zero iterations) must still be a
     # distinct value of this node.
+    return [ctx.emit1("identity", v) if v in ins else v for v in results]
+
+
+@onnx_op("If")
+def _if(ctx: Context, node, ins, attrs):
+    """``If`` whose condition is known when the model is imported: the chosen branch is inlined.
+
+    Exporters emit such Ifs on shapes and attributes (AffineGrid's function body, torch's
+    dimension checks). A condition computed from the model's inputs at run time needs runtime
+    control flow, which Kiln does not have yet: that is an UnsupportedOpError naming the node.
+    """
+    arr = ctx.try_static(ins[0]) if ins and ins[0] is not None else None
+    if arr is None:
+        raise ctx.unsupported("its condition is computed from the model's inputs at run time; Kiln "
+                              "compiles an If only when the condition is known at import (runtime "
+                              "control flow is not supported yet)")
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size != 1:
+        raise ctx.bad(f"the condition must hold one element, it has {flat.size}")
+    branch = attrs["then_branch" if bool(flat[0]) else "else_branch"].g
+    if len(branch.output) != len(node.output):
+        raise ctx.bad(f"the chosen branch has {len(branch.output)} outputs, the node {len(node.output)}")
+    env = dict(ctx.env)  # outer-scope names stay visible; branch names shadow them
+    env.update({t.name: ctx.const(tensor_to_array(t)) for t in branch.initializer})
+    saved_env, outer_node = ctx.env, node
+    ctx.env = env
+    try:
+        convert_nodes(ctx, branch.node, env, {}, name_values=False)
+    finally:
+        ctx.env = saved_env
+        ctx.node = outer_node
+    outs = []
+    for vo in branch.output:
+        if vo.name not in env:
+            raise ctx.bad(f"branch output {vo.name!r} is not computed by the branch")
+        outs.append(env[vo.name])
+    # an output that is an outer value unchanged must still be a distinct value of this node
+    return [ctx.emit1("identity", v) if v in ins or v in saved_env.values() else v for v in outs]
+
+
+@onnx_op("Scan")
+def _scan(ctx: Context, node, ins, attrs):
+    """``Scan``, unrolled: its length is the scan axis of its inputs, static in Kiln.
+
+    Each iteration takes slice ``t`` of every scan input (``take`` along its axis, reversed for
+    direction 1), runs one copy of the body with the state values threaded through, and the
+    per-iteration scan outputs are stacked along their axes (prepended for direction 1). Opset 8's
+    batched form (axis 0 is the batch, then the sequence) is unrolled per batch entry too; its
+    ``sequence_lens`` must be absent or the full length.
+    """
+    body = attrs["body"].g
+    m = int(attrs["num_scan_inputs"])
+    if ctx.opset < 9:
+        seq_lens, ins = (ins[0] if ins else None), list(ins[1:])
+    n = len(ins) - m
+    if m < 1 or n < 0:
+        raise ctx.bad(f"num_scan_inputs={m} with {len(ins)} inputs")
+    if any(v is None for v in ins):
+        raise ctx.bad("Scan inputs may not be omitted")
+    k = len(body.output) - n
+    if len(body.input) != n + m or k < 0:
+        raise ctx.bad(f"body takes {len(body.input)} inputs and gives {len(body.output)} outputs; "
+                      f"expected {n} + {m} inputs and at least {n} outputs")
+    if ctx.opset >= 9:
+        in_axes = [ctx.axis(a, len(v.shape), "scan_input_axes")
+                   for a, v in zip(attrs.get("scan_input_axes", [0] * m), ins[n:])]
+        in_dirs = list(attrs.get("scan_input_directions", [0] * m))
+        out_axes = list(attrs.get("scan_output_axes", [0] * k))
+        out_dirs = list(attrs.get("scan_output_directions", [0] * k))
+        if len(in_axes) != m or len(in_dirs) != m or len(out_axes) != k or len(out_dirs) != k:
+            raise ctx.bad("scan_input_axes/directions and scan_output_axes/directions need one entry "
+                          "per scan input / output")
+        return _scan_unrolled(ctx, node, body, list(ins[:n]), list(ins[n:]), in_axes, in_dirs, out_axes, out_dirs)
+    # opset 8: [batch, ...] states, [batch, seq, ...] scan inputs; one unrolled scan per batch entry
+    dirs = list(attrs.get("directions", [0] * m))
+    batch = {v.shape[0] for v in ins if len(v.shape) > 0}
+    if len(batch) != 1 or any(len(v.shape) < 1 for v in ins) or any(len(v.shape) < 2 for v in ins[n:]):
+        raise ctx.bad("opset-8 Scan inputs need a common batch axis 0 (and a sequence axis 1 for scan inputs)")
+    nb = batch.pop()
+    if seq_lens is not None:
+        lens = ctx.try_static(seq_lens)
+        full = {v.shape[1] for v in ins[n:]}
+        if lens is None or len(full) != 1 or not bool(np.all(np.asarray(lens) == full.pop())):
+            raise ctx.unsupported("sequence_lens shorter than the scan inputs (ragged batches) are not converted")
+    per_batch = []
+    for b in range(nb):
+        idx = ctx.const(np.array(b, dtype=np.int64))
+        sl = [ctx.emit1("take", v, idx, axis=0) for v in ins]
+        per_batch.append(_scan_unrolled(ctx, node, body, sl[:n], sl[n:], [0] * m, dirs, [0] * k, [0] * k))
+    return [ctx.emit1("concatenate", *[ctx.reshape(r[j], (1,) + r[j].shape) for r in per_batch], axis=0)
+            if nb > 1 else ctx.reshape(per_batch[0][j], (1,) + per_batch[0][j].shape)
+            for j in range(n + k)]
+
+
+def _scan_unrolled(ctx: Context, node, body, states: list[Value], scan_ins: list[Value], in_axes: list[int],
+                   in_dirs: list[int], out_axes: list[int], out_dirs: list[int]) -> list[Value]:
+    n, k = len(states), len(out_axes)
+    ins = states + scan_ins
+    lengths = {v.shape[a] for v, a in zip(scan_ins, in_axes)}
+    if len(lengths) != 1:
+        raise ctx.bad(f"scan inputs have different lengths along their scan axes: {sorted(lengths)}")
+    steps = lengths.pop()
+    if steps > MAX_UNROLL:
+        raise ctx.unsupported(f"Scan runs {steps} iterations, more than the {MAX_UNROLL} Kiln unrolls")
+    body_consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
+    outer_node = node
+    scans: list[list[Value]] = [[] for _ in range(k)]
+    for t in range(steps):
+        env = dict(ctx.env)
+        env.update(body_consts)
+        for vi, v in zip(body.input[:n], states):
+            env[vi.name] = v
+        for vi, v, a, d in zip(body.input[n:], scan_ins, in_axes, in_dirs):
+            idx = ctx.const(np.array(steps - 1 - t if d else t, dtype=np.int64))
+            env[vi.name] = ctx.emit1("take", v, idx, axis=a)
+        saved_env = ctx.env
+        ctx.env = env
+        try:
+            convert_nodes(ctx, body.node, env, {}, name_values=False)
+        finally:
+            ctx.env = saved_env
+            ctx.node = outer_node
+        outs = []
+        for vo in body.output:
+            if vo.name not in env:
+                raise ctx.bad(f"body output {vo.name!r} is not computed by the body")
+            outs.append(env[vo.name])
+        for j, v in enumerate(outs[:n]):
+            if v.shape != states[j].shape or v.dtype != states[j].dtype:
+                raise ctx.unsupported(f"state {j} changes type across iterations ({states[j].type} -> {v.type})")
+            states[j] = v
+        for j, v in enumerate(outs[n:]):
+            scans[j].append(v)
+    results: list[Value] = list(states)
+    for j, vals in enumerate(scans):
+        if not vals:
+            raise ctx.unsupported(f"scan output {j} of a zero-length Scan has no static type")
+        if out_dirs[j]:
+            vals = vals[::-1]
+        axis = ctx.axis(out_axes[j], len(vals[0].shape) + 1, "scan_output_axes")
+        rows = [ctx.reshape(v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in vals]
+        results.append(rows[0] if len(rows) == 1 else ctx.emit1("concatenate", *rows, axis=axis))
     return [ctx.emit1("identity", v) if v in ins else v for v in results]
