@@ -32,7 +32,7 @@ from ...ir import Graph, Value, dead_code_elimination, get_op
 from ...ir.types import DTYPES, TensorType, np_dtype
 from ...runtime.errors import (FormatError, InputError, KilnError, KilnFileNotFoundError,
                                UnsupportedOpError)
-from .fold import blocking_nodes, fold_node, is_default_domain
+from .fold import blocking_nodes, converter_key, fold_node, is_default_domain
 
 __all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops", "convert_nodes",
            "NodeAttrs", "check_size", "MAX_TENSOR_ELEMENTS", "conversion_errors"]
@@ -72,7 +72,10 @@ def check_size(shape: Sequence[int], what: str) -> None:
 
 
 def onnx_op(*op_types: str) -> Callable[[ConverterFn], ConverterFn]:
-    """Register a converter ``fn(ctx, node, inputs, attrs)`` for ONNX op types."""
+    """Register a converter ``fn(ctx, node, inputs, attrs)`` for ONNX op types.
+
+    An op outside the default domain is registered as ``"domain.OpType"`` (``"ai.onnx.ml.Binarizer"``).
+    """
 
     def deco(fn: ConverterFn) -> ConverterFn:
         for t in op_types:
@@ -91,6 +94,7 @@ def supported_ops() -> list[str]:
 def _load_converters() -> None:
     from . import ops_control, ops_math, ops_nn, ops_tensor  # noqa: F401
     from . import ops_attention, ops_index, ops_integer, ops_loss, ops_recurrent, ops_spatial  # noqa: F401
+    from . import ops_ml  # noqa: F401
 
 
 def _elem_type_name(elem_type: int) -> str:
@@ -691,7 +695,7 @@ def _convert_nodes(ctx: Context, nodes: Sequence[Any], env: dict[str, Value],
         except KilnError as exc:
             if collect is None:
                 raise
-            key = node.op_type if is_default_domain(node) else f"{node.domain}.{node.op_type}"
+            key = converter_key(node)
             collect[0].append({"node": str(node.name), "op_type": str(key), "error": str(exc)})
             failed.update(o for o in node.output if o)
             continue
@@ -724,7 +728,7 @@ def _convert_node(ctx: Context, node: Any, env: dict[str, Value], missing_output
             raise InputError(f"{node.op_type} node {node.name!r}: input {name!r} is not "
                              f"defined before use")
     try:
-        conv = _CONVERTERS.get(node.op_type) if is_default_domain(node) else None
+        conv = _CONVERTERS.get(converter_key(node))
         res: Any  # a converter returns one Value or a sequence of them
         if conv is None:
             # No converter: _check_supported let it through because its inputs are static.
@@ -732,7 +736,8 @@ def _convert_node(ctx: Context, node: Any, env: dict[str, Value], missing_output
             res = fold_node(ctx, node, env, producers)
         else:
             attrs = NodeAttrs(_attrs_of(node), ctx.where, ctx.opset)
-            _check_node(node, ctx.opset, attrs)
+            if is_default_domain(node):  # the schema lookup is the default domain's
+                _check_node(node, ctx.opset, attrs)
             res = conv(ctx, node, ins, attrs)
         res = [res] if isinstance(res, Value) else list(res)
         for i, v in enumerate(res[:len(node.output)]):

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ...ir import Value
     from .converter import Context
 
-__all__ = ["PREFOLD_LIMIT", "MAX_FOLD_NODES", "blocking_nodes", "fold_node", "is_default_domain"]
+__all__ = ["PREFOLD_LIMIT", "MAX_FOLD_NODES", "blocking_nodes", "fold_node", "is_default_domain", "converter_key"]
 
 #: Largest result (elements) an unsupported node, or a node recomputed to feed one, may have to
 #: be evaluated at import: 2**22 (16 MiB of float32). Larger results would be embedded in the
@@ -57,8 +57,13 @@ _SHAPE_OPS = frozenset({"Shape", "Size"})
 
 
 def is_default_domain(node: Any) -> bool:
-    """Whether ``node`` is in the default ONNX domain (the one the converters implement)."""
+    """Whether ``node`` is in the default ONNX domain."""
     return (node.domain or "") in ("", "ai.onnx")
+
+
+def converter_key(node: Any) -> str:
+    """The name a converter is registered under: ``OpType``, or ``domain.OpType`` in another domain."""
+    return str(node.op_type) if is_default_domain(node) else f"{node.domain}.{node.op_type}"
 
 
 def _has_subgraph(node: Any) -> bool:
@@ -107,8 +112,8 @@ def blocking_nodes(graph: Any, static: set[str], supported: Mapping[str, Any]
             default = is_default_domain(node)
             known = (default and node.op_type in _SHAPE_OPS) or all(n in local for n in ins)
             const = known and _foldable_kind(node)
-            if (not default or node.op_type not in supported) and not const:
-                key = node.op_type if default else f"{node.domain}.{node.op_type}"
+            key = converter_key(node)
+            if key not in supported and not const:
                 # str(): protobuf hands back bytes for names that are not valid UTF-8
                 res.append((str(key), str(node.name or f"#{i}")))
             for a in node.attribute:
