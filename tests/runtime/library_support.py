@@ -49,29 +49,35 @@ KILN_DLL int32_t par_add_one(KilnValue* args, int32_t* codes, int32_t n, KilnVal
 
 typedef struct {
   atomic_int failed;
+  atomic_int launcher_tasks;
   pthread_t launcher;
 } FailOnWorker;
 
-/* Task 0 (the launching thread claims it first) waits, up to 5 s, until another task has
- * failed, so that the failure normally happens on a pool worker; the message says where. */
+/* The first task the launching thread claims waits, up to 5 s, until a task on another thread
+ * has failed; every other task fails. Which task id each thread claims is a race (a spinning
+ * worker may claim task 0 first), so the wait is keyed by thread, not by task id: the failure
+ * happens on a pool worker unless no worker claimed a task within 5 s, and the message says
+ * where it happened. */
 static int32_t fail_on_worker(int32_t task, int32_t num_task, void* cdata) {
   FailOnWorker* c = (FailOnWorker*)cdata;
-  (void)num_task;
-  if (task == 0) {
+  (void)task; (void)num_task;
+  int on_launcher = pthread_equal(pthread_self(), c->launcher);
+  if (on_launcher && atomic_fetch_add(&c->launcher_tasks, 1) == 0) {
     struct timespec ms = {0, 1000000};
     for (int i = 0; i < 5000 && !atomic_load(&c->failed); ++i) nanosleep(&ms, NULL);
-    return 0;
+    if (atomic_load(&c->failed)) return 0;
   }
-  KilnAPISetLastError(pthread_equal(pthread_self(), c->launcher) ? "par_fail: task failed on the launching thread"
-                                                                 : "par_fail: task failed on a pool thread");
+  KilnAPISetLastError(on_launcher ? "par_fail: task failed on the launching thread"
+                                  : "par_fail: task failed on a pool thread");
   atomic_store(&c->failed, 1);
   return -1;
 }
 
-/* par_fail(): a two-task parallel loop whose second task fails with a message. */
+/* par_fail(): a two-task parallel loop in which one task (normally on a pool worker) fails with a message. */
 KILN_DLL int32_t par_fail(KilnValue* args, int32_t* codes, int32_t n, KilnValue* rv, int32_t* rc, void* h) {
   FailOnWorker c;
   atomic_init(&c.failed, 0);
+  atomic_init(&c.launcher_tasks, 0);
   c.launcher = pthread_self();
   return KilnBackendParallelLaunch(fail_on_worker, &c, 2);
 }
