@@ -32,6 +32,31 @@ def _body_input_type(vi) -> tuple[tuple[int, ...] | None, str | None]:
     return dims, dt
 
 
+def _run_subgraph(ctx: Context, node, graph, consts: dict[str, Value], bindings: dict[str, Value],
+                  what: str = "body") -> list[Value]:
+    """Convert one copy of ``graph`` (a Loop/Scan body, an If branch) inline; its outputs.
+
+    Outer-scope names stay visible; the graph's initializers (``consts``, converted once by the
+    caller) and ``bindings`` (its inputs) shadow them.
+    """
+    env = dict(ctx.env)
+    env.update(consts)
+    env.update(bindings)
+    saved_env = ctx.env
+    ctx.env = env
+    try:
+        convert_nodes(ctx, graph.node, env, {}, name_values=False)
+    finally:
+        ctx.env = saved_env
+        ctx.node = node
+    outs = []
+    for vo in graph.output:
+        if vo.name not in env:
+            raise ctx.bad(f"{what} output {vo.name!r} is not computed by the {what}")
+        outs.append(env[vo.name])
+    return outs
+
+
 @onnx_op("Loop")
 def _loop(ctx: Context, node, ins, attrs):
     body = attrs["body"].g
@@ -65,7 +90,6 @@ def _loop(ctx: Context, node, ins, attrs):
         cond = bool(np.asarray(arr).reshape(()))
     if trip is None:
         trip = MAX_UNROLL + 1  # bounded by the condition, which must turn false in time
-    outer_node = node
     body_consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
     it = 0
@@ -73,24 +97,10 @@ def _loop(ctx: Context, node, ins, attrs):
         if it >= MAX_UNROLL:
             raise ctx.unsupported(f"Loop runs more than {MAX_UNROLL} iterations (Kiln unrolls "
                                   f"loops at compile time)")
-        env = dict(ctx.env)  # outer-scope names stay visible; body names shadow them
-        env.update(body_consts)
-        env[body.input[0].name] = ctx.const(np.array(it, dtype=np.int64))
-        env[body.input[1].name] = ctx.const(np.array(cond))
-        for vi, v in zip(body.input[2:], carried):
-            env[vi.name] = v
-        saved_env = ctx.env
-        ctx.env = env
-        try:
-            convert_nodes(ctx, body.node, env, {}, name_values=False)
-        finally:
-            ctx.env = saved_env
-            ctx.node = outer_node
-        outs = []
-        for vo in body.output:
-            if vo.name not in env:
-                raise ctx.bad(f"body output {vo.name!r} is not computed by the body")
-            outs.append(env[vo.name])
+        bindings = {body.input[0].name: ctx.const(np.array(it, dtype=np.int64)),
+                    body.input[1].name: ctx.const(np.array(cond))}
+        bindings.update({vi.name: v for vi, v in zip(body.input[2:], carried)})
+        outs = _run_subgraph(ctx, node, body, body_consts, bindings)
         c = ctx.try_static(outs[0])
         if c is None:
             raise ctx.unsupported("the body's continue condition must be a constant (Kiln "
@@ -139,22 +149,11 @@ def _if(ctx: Context, node, ins, attrs):
     branch = attrs["then_branch" if bool(flat[0]) else "else_branch"].g
     if len(branch.output) != len(node.output):
         raise ctx.bad(f"the chosen branch has {len(branch.output)} outputs, the node {len(node.output)}")
-    env = dict(ctx.env)  # outer-scope names stay visible; branch names shadow them
-    env.update({t.name: ctx.const(tensor_to_array(t)) for t in branch.initializer})
-    saved_env, outer_node = ctx.env, node
-    ctx.env = env
-    try:
-        convert_nodes(ctx, branch.node, env, {}, name_values=False)
-    finally:
-        ctx.env = saved_env
-        ctx.node = outer_node
-    outs = []
-    for vo in branch.output:
-        if vo.name not in env:
-            raise ctx.bad(f"branch output {vo.name!r} is not computed by the branch")
-        outs.append(env[vo.name])
+    outer = set(ctx.env.values())
+    outs = _run_subgraph(ctx, node, branch, {t.name: ctx.const(tensor_to_array(t)) for t in branch.initializer},
+                         {}, what="branch")
     # an output that is an outer value unchanged must still be a distinct value of this node
-    return [ctx.emit1("identity", v) if v in ins or v in saved_env.values() else v for v in outs]
+    return [ctx.emit1("identity", v) if v in ins or v in outer else v for v in outs]
 
 
 @onnx_op("Scan")
@@ -222,28 +221,13 @@ def _scan_unrolled(ctx: Context, node, body, states: list[Value], scan_ins: list
     if steps > MAX_UNROLL:
         raise ctx.unsupported(f"Scan runs {steps} iterations, more than the {MAX_UNROLL} Kiln unrolls")
     body_consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
-    outer_node = node
     scans: list[list[Value]] = [[] for _ in range(k)]
     for t in range(steps):
-        env = dict(ctx.env)
-        env.update(body_consts)
-        for vi, v in zip(body.input[:n], states):
-            env[vi.name] = v
+        bindings = {vi.name: v for vi, v in zip(body.input[:n], states)}
         for vi, v, a, d in zip(body.input[n:], scan_ins, in_axes, in_dirs):
             idx = ctx.const(np.array(steps - 1 - t if d else t, dtype=np.int64))
-            env[vi.name] = ctx.emit1("take", v, idx, axis=a)
-        saved_env = ctx.env
-        ctx.env = env
-        try:
-            convert_nodes(ctx, body.node, env, {}, name_values=False)
-        finally:
-            ctx.env = saved_env
-            ctx.node = outer_node
-        outs = []
-        for vo in body.output:
-            if vo.name not in env:
-                raise ctx.bad(f"body output {vo.name!r} is not computed by the body")
-            outs.append(env[vo.name])
+            bindings[vi.name] = ctx.emit1("take", v, idx, axis=a)
+        outs = _run_subgraph(ctx, node, body, body_consts, bindings)
         for j, v in enumerate(outs[:n]):
             if v.shape != states[j].shape or v.dtype != states[j].dtype:
                 raise ctx.unsupported(f"state {j} changes type across iterations ({states[j].type} -> {v.type})")
