@@ -329,6 +329,24 @@ def model_specs() -> dict[str, dict]:
     }
 
 
+def spec(name: str) -> dict:
+    """The spec of a model of this file or of ``broad_models.py`` (``<model>.dynamo`` included)."""
+    base = name.partition(".")[0]
+    local = model_specs()
+    if base in local:
+        return local[base]
+    import broad_models
+
+    return broad_models.broad_specs()[base]
+
+
+def all_names() -> list[str]:
+    """Every model name ``export`` accepts: this file's, then the broad set's."""
+    import broad_models
+
+    return list(model_specs()) + broad_models.names()
+
+
 def _seeded(cls, *args):
     torch.manual_seed(0)
     return cls(*args)
@@ -336,15 +354,19 @@ def _seeded(cls, *args):
 
 def export(name: str, out_dir: str | os.PathLike, force: bool = False) -> Path:
     """Export one benchmark model to ``out_dir/<name>.onnx`` (cached) and return the path."""
+    if name not in model_specs():
+        import broad_models
+
+        return broad_models.export(name, out_dir, force)
     out = Path(out_dir) / f"{name}.onnx"
     if out.exists() and not force:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    spec = model_specs()[name]
-    model = spec["build"]()
-    args = tuple(torch.from_numpy(v) for v in spec["inputs"].values())
+    sp = model_specs()[name]
+    model = sp["build"]()
+    args = tuple(torch.from_numpy(v) for v in sp["inputs"].values())
     with torch.no_grad():
-        torch.onnx.export(model, args, str(out), input_names=list(spec["inputs"]),
+        torch.onnx.export(model, args, str(out), input_names=list(sp["inputs"]),
                           output_names=["output"], opset_version=17, dynamo=False)
     return out
 

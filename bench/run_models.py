@@ -23,7 +23,7 @@ others; ``--model-timeout``); ``--in-process`` turns that off.
 
 Usage::
 
-    python bench/run_models.py [--models resnet18,resnet50,mobilenetv2,minilm] [--threads 1,2]
+    python bench/run_models.py [--models resnet18,resnet50,mobilenetv2,minilm|broad|all] [--threads 1,2]
         [--rounds 5] [--target "llvm -mcpu=native"] [--top-ops 10] [--write-results]
 """
 
@@ -189,7 +189,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     out_dir = Path(args.out)
     onnx_path = models.export(name, out_dir)
-    spec = models.model_specs()[name]
+    spec = models.spec(name)
     inputs: dict[str, np.ndarray] = spec["inputs"]
     threads = [int(t) for t in args.threads.split(",")]
     res: dict[str, Any] = {"model": name, "threads": {}, "errors": {}}
@@ -478,10 +478,18 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine_info()
     log(f"machine: {common.machine_line(info)}")
     log(f"versions: {common.versions_line(info['versions'])}")
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in names if m not in ALL_MODELS]
+    sys.path.insert(0, str(common.BENCH_DIR))
+    import broad_models
+    import models
+
+    names = []
+    for m in (m.strip() for m in args.models.split(",") if m.strip()):
+        # "broad": the families of broad_models.py; "all": those and the tuned four
+        names += broad_models.names() if m == "broad" else models.all_names() if m == "all" else [m]
+    known = models.all_names()
+    unknown = [m for m in names if m not in known]
     if unknown:
-        log(f"unknown model(s) {unknown}; known: {ALL_MODELS}")
+        log(f"unknown model(s) {unknown}; known: {known} (or 'broad', 'all')")
         return 2
     common.ensure_models(names, args.out)
     results = []

@@ -35,6 +35,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "target": ("kiln.target", None),
     "codegen": ("kiln.codegen", None),
     "build": ("kiln.driver.build", "build"),
+    "build_portable": ("kiln.driver.portable", "build_portable"),
     "driver": ("kiln.driver", None),
     "autotune": ("kiln.autotune", None),
     "contrib": ("kiln.contrib", None),

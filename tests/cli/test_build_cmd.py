@@ -84,7 +84,7 @@ def test_unknown_target(model, tmp_path):
 
 
 def test_bad_output_extension(model, tmp_path):
-    assert_user_error(kiln("build", model, "-o", str(tmp_path / "x.zip")), ".so or .tar")
+    assert_user_error(kiln("build", model, "-o", str(tmp_path / "x.zip")), ".so, .a or .tar")
 
 
 def test_verbose_shows_traceback(tmp_path):

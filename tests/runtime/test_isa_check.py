@@ -85,7 +85,7 @@ def test_present_features_load_and_run(tmp_path, monkeypatch):
 def test_other_architecture_is_named(tmp_path, monkeypatch):
     path = _export(tmp_path, "llvm")
     _pretend_host(monkeypatch, "arm", {"neon"})
-    with pytest.raises(UnsupportedHostError, match="built for a x86 CPU; this machine is arm"):
+    with pytest.raises(UnsupportedHostError, match="built for the x86 architecture; this machine is arm"):
         rt.load_module(path)
 
 

@@ -197,7 +197,7 @@ def _self_check(name: str, *args: Any) -> None:
 #: Groups that run a topi test module's ``CASES`` through the harness.
 _HARNESS = {"elemwise": "test_elemwise", "nn": "test_nn", "reduce": "test_reduce",
             "transform": "test_transform", "index_bounds": "test_index_bounds",
-            "conv_nchwc": "test_conv_nchwc"}
+            "conv_nchwc": "test_conv_nchwc", "softmax": "test_softmax"}
 
 
 def _harness_cases(module: str) -> list[Any]:

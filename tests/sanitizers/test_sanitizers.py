@@ -85,7 +85,7 @@ def run_under_sanitizers(groups: list[str], tmp_path: Path, timeout: int = 300) 
 @pytest.mark.parametrize("groups", [
     ["elemwise"],
     ["nn", "conv_nchwc"],
-    ["reduce", "transform", "index_bounds"],
+    ["reduce", "transform", "index_bounds", "softmax"],
     ["fused", "cnn"],
 ], ids=lambda g: "+".join(g))
 def test_kernels_clean_under_asan_ubsan(groups, tmp_path):

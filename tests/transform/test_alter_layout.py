@@ -88,7 +88,7 @@ def test_disable_by_env_and_by_name(monkeypatch: Any) -> None:
 
 
 def test_ineligible_convs_stay_nchw() -> None:
-    """Grouped (non-depthwise) convs and 3 output channels keep the NCHW kernel."""
+    """Grouped convs with fewer than 8 channels per group and 3 output channels keep the NCHW kernel."""
     rng = np.random.default_rng(2)
     g = Graph()
     x = g.add_input("x", (1, 8, 6, 7))
@@ -96,6 +96,39 @@ def test_ineligible_convs_stay_nchw() -> None:
     y = g.add("conv2d", y, g.add_constant(_rand(rng, 3, 8, 1, 1)))
     g.outputs = [y]
     assert alter_conv_layout(g).op_counts().get("conv2d_nchwc", 0) == 0
+
+
+def test_grouped_convs_blocked_within_groups() -> None:
+    """ResNeXt / RegNet-style grouped convs run blocked (within each group): a producer block that
+    does not divide a group is re-blocked; odd widths, stride, padding, a runtime weight; values
+    match the reference interpreter and the NCHW build."""
+    rng = np.random.default_rng(4)
+    g = Graph()
+    x = g.add_input("x", (1, 16, 11, 11))
+    y = g.add("relu", g.add("conv2d", x, g.add_constant(_rand(rng, 64, 16, 1, 1))))             # block 16
+    y = g.add("conv2d", y, g.add_constant(_rand(rng, 64, 8, 3, 3)), groups=8, padding=(1, 1, 1, 1))  # 8 per group
+    y = g.add("conv2d", y, g.add_constant(_rand(rng, 96, 16, 3, 3)), groups=4, strides=(2, 2),
+              padding=(1, 0, 1, 0))                                                          # 16 in, 24 out per group
+    w = g.add_input("w", (96, 48, 1, 1))
+    y = g.add("conv2d", y, w, groups=2)                                                      # runtime weight
+    g.outputs = [g.add("relu", y)]
+    new = alter_conv_layout(g)
+    convs = [n for n in new.nodes if n.op == "conv2d_nchwc"]
+    assert len(convs) == 4 and new.op_counts().get("conv2d", 0) == 0
+    assert [n.attrs["groups"] for n in convs] == [1, 8, 4, 2]
+    inputs = {"x": _rand(rng, 1, 16, 11, 11, scale=1.0), "w": _rand(rng, 96, 48, 1, 1)}
+    want = evaluate(g, inputs)[0]
+    np.testing.assert_allclose(evaluate(new, inputs)[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_run(g, {}, inputs)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_nchwc_weight_is_checked() -> None:
+    g = Graph()
+    x = g.add_input("x", (1, 4, 5, 5, 8))   # 32 channels, block 8
+    w = g.add_input("w", (4, 2, 3, 3, 8, 8))  # (O/8, C/groups/8 = 2 -> groups 2, ...)
+    assert g.add("conv2d_nchwc", x, w, groups=2).shape == (1, 4, 3, 3, 8)
+    with pytest.raises(kiln.runtime.errors.InputError, match="grouped conv2d_nchwc"):
+        g.add("conv2d_nchwc", x, w, groups=4)  # 4 groups need C/groups/8 = 1 input block per group
 
 
 def test_runtime_weight_and_mixed_blocks() -> None:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..runtime.errors import KilnFileNotFoundError
+from ..runtime.errors import InputError, KilnFileNotFoundError
 from .args import check_target
 from .fmt import fmt_bytes
 from .model_io import import_onnx
@@ -82,12 +82,20 @@ class BuildResult:
     file_bytes: int | None = None
     ir_nodes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    #: What was exported: ``factory``, or the IsaDispatchModule of a portable build.
+    module: Any = None
 
 
 def build_model(model_path: str, *, target: str = "llvm", shapes: Mapping[str, Sequence[int]] | None = None,
                 opt_level: int = 3, link_params: bool = False, output: str | None = None,
-                progress: Progress | None = None, tuning_log: str | None = None) -> BuildResult:
+                progress: Progress | None = None, tuning_log: str | None = None,
+                params_file: str | None = None, isa_levels: Sequence[str] | None = None) -> BuildResult:
     """Import, compile and (optionally) export ``model_path``; drives the progress display.
+
+    With ``params_file`` the weights are written there (``save_param_dict`` format) and the
+    library is exported without them. With ``isa_levels`` (``["v4", "v3", "v2"]``) the model is
+    built once per CPU level into one library that picks at load (:func:`kiln.build_portable`);
+    ``res.factory`` is then the most demanding level's build and ``res.module`` what is exported.
 
     Stages ``import`` and ``export`` are timed here; the stages inside ``kiln.build`` come
     from :func:`run_build`.
@@ -107,14 +115,37 @@ def build_model(model_path: str, *, target: str = "llvm", shapes: Mapping[str, S
         prog.details["import"] = f"{nops} ops, {len(params)} params"
 
     extra: dict[str, Any] = {"tuning_log": tuning_log} if tuning_log else {}
-    factory = run_build(graph, params, prog, target=target, opt_level=opt_level, link_params=link_params, **extra)
+    module: Any
+    if isa_levels:
+        from ..driver.portable import build_portable, level_targets
+        from ..target import Target
+
+        if params_file:
+            raise InputError("--params-file cannot be combined with --isa-levels: each level's build lays "
+                             "its weights out for its own kernels")
+        base = Target(target).kind.name
+        with prog.stage("codegen+compile"):
+            module = build_portable(graph, params, targets=level_targets(isa_levels, base), opt_level=opt_level,
+                                    link_params=link_params, **extra)
+            prog.details["codegen+compile"] = f"{len(module.variants)} CPU levels"
+        factory = module.factory(0)
+    else:
+        factory = module = run_build(graph, params, prog, target=target, opt_level=opt_level,
+                                     link_params=link_params, **extra)
     res = BuildResult(factory, graph, params, prog, ir_nodes=len(graph.nodes))
+    res.module = module
     if output:
         out_dir = os.path.dirname(os.path.abspath(output))
         if not os.path.isdir(out_dir):
             raise KilnFileNotFoundError(f"output directory does not exist: {out_dir}")
         with prog.stage("export"):
-            factory.export_library(output)
+            if params_file:
+                from ..runtime.params import save_param_dict_to_file
+
+                save_param_dict_to_file(factory.get_params(), params_file)
+                factory.remove_params().export_library(output)
+            else:
+                module.export_library(output)
             res.path = output
             res.file_bytes = os.path.getsize(output)
             prog.details["export"] = fmt_bytes(res.file_bytes)

@@ -21,12 +21,12 @@ import tarfile
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..runtime import cpu_features
-from ..runtime.errors import FormatError, KilnFileNotFoundError
+from ..runtime.errors import FormatError, InputError, KilnError, KilnFileNotFoundError
 from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target,
                    parse_input_shapes, require_file)
 from .fmt import fmt_bytes
 from .graph_stats import graph_json_stats, memory_text
-from .model_io import import_onnx, load_onnx_model
+from .model_io import import_onnx, is_pt2, load_onnx_model, load_pt2
 
 if TYPE_CHECKING:
     from ..runtime.graph_json import Graph
@@ -42,12 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Show the module tree, exported functions, device modules (their kernels, launch "
         "sizes and binary sizes) and blob sizes of a .so or .tar written by export_library. The file is "
         "parsed, never loaded: no device runtime is needed.",
-        epilog="Also: an ONNX model (inputs, outputs, op counts, Kiln support; --ir, --plan), the "
+        epilog="Also: an ONNX model or a torch.export .pt2 archive (inputs, outputs, op counts, Kiln "
+        "support; --ir, --plan), the "
         "compiled model inside a library (graph, params, memory plan), and --graph drawings. "
         "examples: kiln inspect model.onnx --ir; kiln inspect model.so --graph model.svg",
     )
-    p.add_argument("library", metavar="LIB.so|LIB.tar|MODEL.onnx",
-                   help="path of a .so or .tar library, or of an ONNX model")
+    p.add_argument("library", metavar="LIB.so|LIB.tar|MODEL.onnx|MODEL.pt2",
+                   help="path of a .so or .tar library, of an ONNX model or of a torch.export "
+                   "archive (torch.export.save)")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of text")
     p.add_argument("--graph", metavar="OUT.svg|OUT.dot",
                    help="draw the graph with its fused groups as clusters (SVG needs graphviz "
@@ -61,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.library.lower().endswith(".onnx") or args.graph:
+    if args.library.lower().endswith(".onnx") or is_pt2(args.library) or args.graph:
         return _run_extended(args)
     info = inspect_library(args.library)
     model = compiled_model_info(args.library)
@@ -89,6 +91,8 @@ def _tree_info(raw: Any, where: str) -> dict[str, Any]:
             desc = describe_payload(e.type_key, e.payload)
             if desc is not None:
                 ent["device_module"] = desc
+            if e.type_key == "IsaDispatch":
+                ent["variants"] = _variants_info(e.payload, where)
         entries.append(ent)
     return {
         "blob_bytes": len(raw),
@@ -96,6 +100,24 @@ def _tree_info(raw: Any, where: str) -> dict[str, Any]:
         "row_ptr": d.row_ptr,
         "child_indices": d.child_indices,
     }
+
+
+def _variants_info(payload: bytes, where: str) -> list[dict[str, Any]]:
+    """The builds of a portable library, and which one this machine would run (no code loaded)."""
+    from ..runtime.isa_dispatch import loadbinary_IsaDispatch
+
+    mod = loadbinary_IsaDispatch(payload)
+    try:
+        chosen: str | None = mod.selected_variant()
+    except KilnError:
+        chosen = None
+    arch, host = cpu_features.host_cpu()
+    out = []
+    for v in mod.variants:
+        missing = v.missing(arch, host)
+        out.append({"mod_name": v.mod_name, "arch": v.arch, "features": list(v.features),
+                    "runs_here": missing == [], "selected": v.mod_name == chosen})
+    return out
 
 
 def describe_payload(type_key: str, payload: bytes) -> dict[str, Any] | None:
@@ -171,6 +193,7 @@ def _inspect_so(path: str) -> dict[str, Any]:
         "file_bytes": os.path.getsize(path),
         "functions": [f for f in funcs if f not in CRT_FUNCTIONS and f not in ("_init", "_fini")],
         "has_crt": all(f in funcs for f in ("KilnRunSequence", "KilnGetLastError")),
+        "has_c_api": "KilnModelCreate" in funcs,
         "blob": None,
         "isa": _isa_info(elf.section_data(cpu_features.ISA_SECTION), path),
     }
@@ -279,6 +302,7 @@ def _format(info: dict[str, Any]) -> str:
     lines.append(f"functions ({len(funcs)}): {', '.join(funcs) if funcs else '-'}")
     if info["kind"] == "so":
         lines.append(f"kiln crt: {'yes' if info['has_crt'] else 'no'}")
+        lines.append(f"C API (kiln/kiln_model.h): {'yes' if info.get('has_c_api') else 'no'}")
     else:
         for f in info["files"]:
             lines.append(f"  file {f['name']}: {fmt_bytes(f['bytes'])}")
@@ -311,6 +335,9 @@ def _format(info: dict[str, Any]) -> str:
         lines.append(f"{pad}[{i}] {e['type_key']}  ({desc})")
         if e.get("device_module") is not None:
             lines.extend(_format_device_module(e["device_module"], pad + "    "))
+        for v in e.get("variants") or ():
+            mark = "selected here" if v["selected"] else ("runs here" if v["runs_here"] else "not on this CPU")
+            lines.append(f"{pad}    variant {v['mod_name']}: {v['arch']} {' '.join(v['features'])} ({mark})")
         for c in child[row_ptr[i] : row_ptr[i + 1]]:
             show(c, depth + 1)
 
@@ -487,6 +514,93 @@ def inspect_onnx(path: str, shapes: dict[str, Any] | None = None) -> dict[str, A
     }
 
 
+def inspect_pt2(path: str) -> tuple[dict[str, Any], Any, Any]:
+    """Inputs, outputs, ATen op counts and Kiln support of a ``torch.export`` archive.
+
+    Ops are counted after the decomposition the frontend applies (core ATen, keeping the ops
+    Kiln converts whole), i.e. what Kiln actually converts. Support is checked by converting
+    the program; the IR and params come back too (``None`` when conversion fails) so ``--ir``
+    and ``--plan`` need not convert again.
+
+    Returns
+    -------
+    info : dict
+        JSON-able summary (``kind`` = ``"pt2"``).
+    graph, params
+        The imported IR and params, or ``None``.
+    """
+    from ..frontend.torch import converter as torch_fe
+    from ..runtime.errors import KilnError
+
+    ep = load_pt2(path)
+
+    def ttype(name: str, val: Any) -> dict[str, Any]:
+        shape = [int(d) if str(d).isdigit() else str(d) for d in getattr(val, "shape", ())]
+        return {"name": name, "dtype": str(getattr(val, "dtype", "?")).removeprefix("torch."),
+                "shape": shape}
+
+    nodes = {n.name: n for n in ep.graph.nodes}
+    sig = ep.graph_signature
+    inputs = [ttype(s.arg.name, nodes[s.arg.name].meta.get("val")) for s in sig.input_specs
+              if s.kind.name == "USER_INPUT"]
+    outputs = [ttype(s.arg.name, nodes[s.arg.name].meta.get("val")) for s in sig.output_specs
+               if s.kind.name == "USER_OUTPUT" and s.arg.name in nodes]
+    n_values = sum(int(t.numel()) for t in ep.state_dict.values())
+    graph: Any = None
+    params: Any = None
+    conversion: dict[str, Any]
+    counts: dict[str, int] = {}
+    unsupported: list[str] = []
+    try:
+        dec = torch_fe.decompose_program(ep)
+        for n in dec.graph.nodes:
+            if n.op == "call_function" and not str(n.target).startswith("<"):
+                counts[str(n.target)] = counts.get(str(n.target), 0) + 1
+        unsupported = sorted(torch_fe.unsupported_calls(dec))
+        graph, params = torch_fe.from_exported_program(dec, decompose=False)
+        conversion = {"checked": True, "errors": []}
+    except KilnError as err:
+        conversion = {"checked": True, "errors": [str(err)]}
+    except Exception as err:  # noqa: BLE001 - torch's decomposition can fail on odd programs
+        conversion = {"checked": False, "reason": f"{type(err).__name__}: {err}"}
+    info = {
+        "path": path,
+        "kind": "pt2",
+        "file_bytes": os.path.getsize(path),
+        "inputs": inputs,
+        "outputs": outputs,
+        "state_dict": {"count": len(ep.state_dict), "values": n_values},
+        "nodes": sum(counts.values()),
+        "op_counts": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "unsupported_ops": unsupported,
+        "conversion": conversion,
+    }
+    return info, graph, params
+
+
+def _format_pt2(info: dict[str, Any]) -> str:
+    lines = [f"model: {info['path']} (torch.export program, {fmt_bytes(info['file_bytes'])})"]
+    lines.append(f"inputs ({len(info['inputs'])}):")
+    lines += [f"  {_tensor_line(t)}" for t in info["inputs"]]
+    lines.append(f"outputs ({len(info['outputs'])}):")
+    lines += [f"  {_tensor_line(t)}" for t in info["outputs"]]
+    sd = info["state_dict"]
+    lines.append(f"parameters and buffers: {sd['count']} ({sd['values']} values)")
+    lines.append(f"ATen calls after decomposition: {info['nodes']} ({len(info['op_counts'])} ops)")
+    lines.append("op counts: " + ", ".join(f"{k} {v}" for k, v in info["op_counts"].items()))
+    conv = info["conversion"]
+    if not conv["checked"]:
+        lines.append(f"kiln support: not checked: {conv['reason']}")
+    elif info["unsupported_ops"]:
+        lines.append(f"kiln support: UNSUPPORTED ops: {', '.join(info['unsupported_ops'])}")
+    elif conv["errors"]:
+        lines.append("kiln support: the program cannot be converted:")
+        lines += [f"  {e}" for e in conv["errors"]]
+    else:
+        lines.append(f"kiln support: all {len(info['op_counts'])} ops are supported")
+    return "\n".join(lines)
+
+
 def _conversion_check(model: Any, shapes: dict[str, Any] | None) -> dict[str, Any]:
     """Every node the ONNX frontend cannot convert (``checked`` False, with the ``reason``,
     when the model as a whole cannot be converted, e.g. for dynamic input shapes)."""
@@ -535,15 +649,26 @@ def _run_extended(args: argparse.Namespace) -> int:
 
     path = args.library
     is_onnx = path.lower().endswith(".onnx")
-    if is_onnx:
-        require_file(path, "ONNX model")
+    if is_onnx or is_pt2(path):
         shapes = parse_input_shapes(args.input_shape)
-        info: dict[str, Any] = inspect_onnx(path, shapes)
         graph: Any = None  # imported only when --ir, --plan or --graph needs the IR
         params: Any = None
-        if args.ir or args.plan or args.graph:
-            graph, params = import_onnx(path, shapes)
-        text = [_format_onnx(info)]
+        info: dict[str, Any]
+        if is_onnx:
+            require_file(path, "ONNX model")
+            info = inspect_onnx(path, shapes)
+            text = [_format_onnx(info)]
+            if args.ir or args.plan or args.graph:
+                graph, params = import_onnx(path, shapes)
+        else:
+            if shapes:
+                raise InputError(f"--input-shape does not apply to {path}: a torch.export "
+                                 f"program's input shapes are fixed when it is exported")
+            info, graph, params = inspect_pt2(path)
+            text = [_format_pt2(info)]
+            if graph is None and (args.ir or args.plan or args.graph):
+                # --ir / --plan need the IR: fail with the converter's own error
+                graph, params = import_onnx(path, None)
         if args.ir:
             info["ir"] = str(graph)
             text += ["", "Kiln IR (as imported):", info["ir"]]

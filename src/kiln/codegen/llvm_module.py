@@ -150,6 +150,14 @@ class LLVMModule(CompiledOnDemand, Module):
         isa = isa_of(self.target)
         return isa.arch, isa.features
 
+    def target_triple(self) -> str:
+        """The LLVM triple the kernels' object code is for (``-mtriple``, else this machine's).
+
+        ``export_library`` links a library with the C compiler for this triple
+        (:func:`kiln.runtime.cc.cc_for_modules`): a cross compiler for another machine's.
+        """
+        return str(_spec(self.target)["triple"])
+
     # ---- code --------------------------------------------------------------------
     @property
     def ir_text(self) -> str:
@@ -163,9 +171,11 @@ class LLVMModule(CompiledOnDemand, Module):
     def object_path(self) -> str:
         """Path of one relocatable object holding every kernel (made and cached on first use).
 
-        For the host's triple the kernels' objects are joined with ``cc -r``; the host's linker
-        cannot join another machine's objects, so a cross target compiles all kernels as one
-        LLVM module instead (cached too).
+        The kernels' objects are joined with ``cc -r``: the host's compiler for the host's
+        triple, the triple's cross compiler (:func:`kiln.runtime.cc.cross_cc_for_triple`) for
+        another machine's. Without one (the host's linker cannot join another machine's
+        objects) all kernels are compiled again as one LLVM module (cached too; for ResNet-18
+        on AArch64, 26 s instead of about 1 s).
         """
         if self._obj_path is None:
             if len(self.objects) == 1:
@@ -173,7 +183,14 @@ class LLVMModule(CompiledOnDemand, Module):
             elif _spec(self.target)["triple"] == llvm.get_process_triple():
                 self._obj_path = _join_objects(self.objects, self.target)
             else:
-                self._obj_path = self._whole_module_object()
+                try:
+                    cross = _cc.cross_cc_for_triple(self.target_triple())
+                except CompileError:
+                    cross = None
+                if cross is not None:
+                    self._obj_path = _join_objects(self.objects, self.target, cross)
+                else:
+                    self._obj_path = self._whole_module_object()
         return self._obj_path
 
     def _whole_module_object(self) -> str:
@@ -253,13 +270,14 @@ class LLVMModule(CompiledOnDemand, Module):
         return f"LLVMModule(funcs={self.func_names}, target={str(self.target)!r})"
 
 
-def _join_objects(objects: Sequence[str], target: Any) -> str:
-    """One relocatable object from several (``cc -r``), cached by the objects' contents."""
+def _join_objects(objects: Sequence[str], target: Any, cc: str | None = None) -> str:
+    """One relocatable object from several (``cc -r``; default :func:`kiln.runtime.cc.get_cc`),
+    cached by the objects' contents."""
     contents = []
     for p in objects:
         with open(p, "rb") as f:
             contents.append(f.read())
-    compiler = shlex.split(_cc.get_cc())
+    compiler = shlex.split(cc or _cc.get_cc())
     key = cache.make_key("llvm-joined-object/1", str(target), shlex.join(compiler), *contents)
 
     def produce(out: str) -> None:

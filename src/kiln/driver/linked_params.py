@@ -107,7 +107,11 @@ KILN_DLL int32_t {LOOKUP_FUNC}(KilnValue* args, int32_t* type_codes, int32_t num
   return 0;
 }}
 """)
-    return csource_module("\n".join(parts), [LOOKUP_FUNC])
+    mod = csource_module("\n".join(parts), [LOOKUP_FUNC])
+    # export_library's C API tables treat these argument nodes as params, not inputs (in memory
+    # only: a library loaded back is not re-exported).
+    setattr(mod, "linked_param_names", list(names))  # noqa: B010 - an attribute CSourceModule does not declare
+    return mod
 
 
 def load_linked_params(lib: Any, graph_json: str | Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:

@@ -48,6 +48,9 @@ _LAZY: dict[str, str | None] = {
     "debug_executor": None,
     "ExecutorFactoryModule": "executor_factory",
     "executor_factory": None,
+    "IsaDispatchModule": "isa_dispatch",
+    "isa_dispatch": None,
+    "model_api": None,
 }
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -34,7 +35,10 @@ __all__ = [
     "compile_object_cached",
     "fast_linker",
     "create_staticlib",
+    "archiver_for",
     "cross_compiler",
+    "cross_cc_for_triple",
+    "cc_for_modules",
     "DEFAULT_OPTIONS",
 ]
 
@@ -303,6 +307,22 @@ def create_staticlib(output: str | os.PathLike, inputs: Sequence[str | os.PathLi
 create_staticlib.output_format = "a"  # type: ignore[attr-defined]
 
 
+def archiver_for(cc: str | None) -> str | None:
+    """The ``ar`` that goes with a compiler: ``aarch64-linux-gnu-gcc`` -> ``aarch64-linux-gnu-ar``.
+
+    ``None`` (use ``$AR`` or ``ar``) for a compiler without a target prefix or whose prefixed
+    ``ar`` is not installed.
+    """
+    if not cc:
+        return None
+    prog = os.path.basename(shlex.split(cc)[0])
+    for suffix in ("-gcc", "-clang", "-cc"):
+        if prog.endswith(suffix) and len(prog) > len(suffix):
+            tool = prog[: -len(suffix)] + "-ar"
+            return tool if shutil.which(tool) else None
+    return None
+
+
 def _triple_of(compiler: str) -> Callable[[], str | None]:
     def get_target_triple() -> str | None:
         try:
@@ -370,3 +390,124 @@ def cross_compiler(
     fcompile.object_format = obj_default  # type: ignore[attr-defined]
     fcompile.get_target_triple = triple  # type: ignore[attr-defined]
     return fcompile
+
+
+# ------------------------------------------------------------------------------------
+# cross compilers: which C compiler links code for another machine (docs/cross_compile.md)
+# ------------------------------------------------------------------------------------
+#: Vendor fields a triple may carry that the GNU toolchains' names leave out
+#: (``aarch64-unknown-linux-gnu`` is Debian's ``aarch64-linux-gnu-gcc``).
+_VENDORS = frozenset({"unknown", "pc", "none"})
+#: Spellings of one CPU architecture in triples and ``platform.machine()``.
+_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+#: Debian / Ubuntu package that brings the cross compiler, per architecture (for the error).
+_CROSS_PACKAGES = {"aarch64": "gcc-aarch64-linux-gnu", "riscv64": "gcc-riscv64-linux-gnu",
+                   "arm": "gcc-arm-linux-gnueabihf", "x86_64": "gcc-x86-64-linux-gnu",
+                   "powerpc64le": "gcc-powerpc64le-linux-gnu", "s390x": "gcc-s390x-linux-gnu"}
+
+
+def _triple_arch(triple: str) -> str:
+    arch = triple.strip().lower().split("-")[0]
+    return _ARCH_ALIASES.get(arch, arch)
+
+
+def _gnu_triple(triple: str) -> str:
+    """``arch-os-env`` as GNU cross toolchains are named: vendor dropped, arch normalised."""
+    parts = triple.strip().lower().split("-")
+    parts[0] = _ARCH_ALIASES.get(parts[0], parts[0])
+    if len(parts) >= 4 or (len(parts) == 3 and parts[1] in _VENDORS):
+        parts = [parts[0]] + [p for p in parts[1:] if p not in _VENDORS]
+    return "-".join(parts)
+
+
+def _dumpmachine(compiler: str) -> str | None:
+    try:
+        proc = subprocess.run(shlex.split(compiler) + ["-dumpmachine"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.decode("utf-8", "replace").strip() or None
+
+
+def cross_cc_for_triple(triple: str | None) -> str | None:
+    """The C compiler that links code built for ``triple``, or ``None`` for this machine's.
+
+    A triple of this machine's architecture (or none) needs no cross compiler: ``None`` lets
+    :func:`get_cc` choose as always. For another architecture the candidates, in order, are
+    ``$CC`` when it is already a compiler for that architecture (``$CC -dumpmachine``), then
+    ``<triple>-gcc`` and ``<arch>-<os>-<env>-gcc`` (the triple without its vendor, how
+    Debian, Ubuntu and Fedora name their cross compilers: ``aarch64-linux-gnu-gcc``,
+    ``riscv64-linux-gnu-gcc``), found on ``PATH``.
+
+    Parameters
+    ----------
+    triple : str or None
+        An LLVM target triple such as ``"aarch64-linux-gnu"`` or
+        ``"riscv64-unknown-linux-gnu"``.
+
+    Returns
+    -------
+    str or None
+        A compiler command for :func:`create_shared` (``cc=``), or ``None`` for the host's.
+
+    Raises
+    ------
+    CompileError
+        If the triple is another machine's and no compiler for it is installed; the message
+        names the compilers looked for and the package that provides one.
+    """
+    if not triple or not triple.strip():
+        return None
+    arch = _triple_arch(triple)
+    if arch == _ARCH_ALIASES.get(platform.machine().lower(), platform.machine().lower()):
+        return None
+    env = os.environ.get("CC", "").strip()
+    if env:
+        found = _dumpmachine(env)
+        if found is not None and _triple_arch(found) == arch:
+            return env
+    candidates = _dedupe_names([f"{triple.strip()}-gcc", f"{_gnu_triple(triple)}-gcc"])
+    for name in candidates:
+        if shutil.which(name):
+            return name
+    hint = _CROSS_PACKAGES.get(arch)
+    raise CompileError(
+        f"no C compiler for target triple {triple!r} (this machine is {platform.machine()}): looked for "
+        f"{', '.join(candidates)} on PATH"
+        + (f"; install one (Debian/Ubuntu: apt-get install {hint})" if hint else "")
+        + ", set $CC to a compiler for it, or pass cc= to export_library"
+    )
+
+
+def _dedupe_names(names: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+def cc_for_modules(modules: Iterable[Any]) -> str | None:
+    """The compiler :func:`cross_cc_for_triple` picks for the triple of ``modules``' code.
+
+    A module that knows which machine its code is for has a ``target_triple()`` method
+    (:class:`kiln.codegen.llvm_module.LLVMModule`); modules without one are left out.
+
+    Returns
+    -------
+    str or None
+        A cross compiler command, or ``None`` when the code is for this machine.
+
+    Raises
+    ------
+    CompileError
+        If the modules name different architectures, or no compiler for theirs is installed.
+    """
+    triples: dict[str, str] = {}
+    for m in modules:
+        fn = getattr(m, "target_triple", None)
+        triple = fn() if callable(fn) else None
+        if triple:
+            triples.setdefault(_triple_arch(triple), triple)
+    if len(triples) > 1:
+        raise CompileError(f"one library holds code for one machine; the modules target "
+                           f"{', '.join(sorted(triples.values()))}")
+    return cross_cc_for_triple(next(iter(triples.values()))) if triples else None

@@ -166,7 +166,7 @@ def check_requirement(arch: str, features: list[str], where: str) -> None:
     """
     host_arch, host = host_cpu()
     if arch != host_arch:
-        raise UnsupportedHostError(f"{where}: built for a {arch} CPU; this machine is {host_arch} "
+        raise UnsupportedHostError(f"{where}: built for the {arch} architecture; this machine is {host_arch} "
                                    f"({platform.machine()})")
     if host is None:
         return  # nothing to compare with: as before the check existed

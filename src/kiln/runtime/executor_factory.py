@@ -91,6 +91,8 @@ class ExecutorFactoryModule(Module):
         self.graph_json: str = self._graph.json_text
         self.mod_name = mod_name
         self.params: dict[str, Any] = _to_ndarrays(params)
+        #: Names of params taken out by :meth:`remove_params` (to be given as a params file).
+        self.removed_params: tuple[str, ...] = ()
         arg_names = {self._graph.nodes[n].name for n in self._graph.arg_nodes}
         unknown = sorted(k for k in self.params if k not in arg_names)
         if unknown:
@@ -181,7 +183,10 @@ class ExecutorFactoryModule(Module):
 
     def remove_params(self) -> "ExecutorFactoryModule":
         """A factory with the same graph and library but no params (ship weights separately)."""
-        return ExecutorFactoryModule(self._graph, self.get_lib(), None, self.mod_name)
+        bare = ExecutorFactoryModule(self._graph, self.get_lib(), None, self.mod_name)
+        # Still weights, not inputs, for the library's C API (its tables are written at export).
+        bare.removed_params = self.removed_params + tuple(self.params)
+        return bare
 
     def _require_lib(self) -> Module:
         lib = self.get_lib()

@@ -38,6 +38,7 @@ from . import cc as _cc
 from . import digest as _digest
 from . import tar as _tar
 from .errors import CompileError, FormatError, InputError, KilnError, KilnFileNotFoundError
+from .model_api import api_source_path, write_model_api
 from .tar_manifest import MANIFEST_NAME, TAR_FORMAT, TAR_VERSION, check_compile_options, parse_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -265,7 +266,13 @@ def _link_shared(
             files.append(asm)
     if isa_note is not None:
         files.append(_write_isa_file(workspace, isa_note, header))
-    files += list(addon_files)
+    for f in addon_files:
+        if f == api_source_path():  # the same for every model: compiled once per process, like the crt
+            try:
+                f = _cc.compile_object_cached(f, opts, cc)
+            except CompileError:
+                pass  # the link reports it
+        files.append(f)
 
     out = path
     stage = None
@@ -291,6 +298,56 @@ def _link_shared(
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
+
+
+def _archive_static(
+    path: str,
+    module_files: Sequence[str],
+    crt_source: str,
+    packed: Buffers | None,
+    sources: Sequence[str],
+    opts: Sequence[str],
+    workspace: str,
+    cc: str | None = None,
+    isa_note: bytes | None = None,
+    ar: str | None = None,
+) -> None:
+    """Write a static library (``ar`` archive): the objects ``_link_shared`` would link.
+
+    Every C source (C modules, the crt, the C API files, addons) is compiled to an object with
+    the flags a shared build uses (position independent, so the archive also links into a
+    shared object); the blob and ISA note become data objects as in a shared build. The
+    application links the archive with ``-lm -lpthread`` (``docs/c_api.md``).
+    """
+    from .elf_object import read_object_header
+
+    crt_obj = _cc.compile_object_cached(crt_source, opts, cc)
+    header = read_object_header(crt_obj)
+    objects = [crt_obj]
+    for src in list(module_files) + list(sources):
+        if os.path.splitext(src)[1] in (".o", ".a"):
+            objects.append(src)
+        else:
+            objects.append(_cc.compile_object_cached(src, opts, cc))
+    if packed is not None:
+        pieces = _pieces(packed)
+        if header is not None and header.writable:
+            objects.append(_write_blob_object(workspace, pieces, header))
+        else:
+            _, asm = _write_blob_files(workspace, pieces)
+            objects.append(_cc.compile_object_cached(asm, opts, cc))
+    if isa_note is not None:
+        isa = _write_isa_file(workspace, isa_note, header)
+        objects.append(isa if isa.endswith(".o") else _cc.compile_object_cached(isa, opts, cc))
+    # Archive members are named by base name: give every object a distinct one.
+    staged = []
+    for i, obj in enumerate(objects):
+        dst = os.path.join(workspace, f"m{i:03d}_{os.path.basename(obj)}")
+        shutil.copyfile(obj, dst)
+        staged.append(dst)
+    if os.path.exists(path):
+        os.remove(path)  # `ar rcs` would add to an existing archive
+    _cc.create_staticlib(path, staged, ar=ar or _cc.archiver_for(cc))
 
 
 def _dedupe(items: Sequence[str]) -> list[str]:
@@ -363,9 +420,10 @@ def export_library(
         raise KilnFileNotFoundError(f"export_library: output directory does not exist: {out_dir}")
 
     is_tar = path.endswith(".tar") or getattr(fcompile, "output_format", None) == "tar"
+    is_static = not is_tar and (path.endswith(".a") or getattr(fcompile, "output_format", None) == "a")
 
     # A loaded library with nothing attached is exported "as is": copy the file.
-    if module.type_key == "library" and not module.imported_modules and not is_tar:
+    if module.type_key == "library" and not module.imported_modules and not is_tar and not is_static:
         src = getattr(module, "path")  # noqa: B009 - the "library" type key guarantees a LibraryModule
         if os.path.abspath(src) != path:
             shutil.copyfile(src, path)
@@ -390,6 +448,10 @@ def export_library(
         opts.extend(getattr(m, "options", None) or [])
     opts = _dedupe(opts)
     isa_note = _isa_note(dso, as_sources=is_tar)
+    lib_req = getattr(module, "library_isa_requirement", None)
+    if callable(lib_req) and isa_note is not None:
+        # several builds, one per CPU level: the library loads where the least demanding one runs
+        isa_note = _cpu.encode_requirement(*lib_req())
     if is_tar:
         try:  # refuse now what every loader would refuse later
             check_compile_options(opts, f"export_library({os.path.basename(path)})")
@@ -413,6 +475,8 @@ def export_library(
         from . import crt_source_path
 
         packed = None if blob_chunks is None else _blob.pack_chunks(blob_chunks)
+        # The C API (kiln/kiln_model.h): tables generated from the factory's graph + their driver.
+        api_files = write_model_api(workspace, module, dso, has_blob=packed is not None)
         if is_tar:
             crt = os.path.join(workspace, CRT_FILE_NAME)
             shutil.copyfile(crt_source_path(), crt)
@@ -422,7 +486,7 @@ def export_library(
                 files.append(_write_blob_file(workspace, packed))
                 blob_name = BLOB_FILE_NAME
             addon_names = []
-            for a in addon_files:
+            for a in api_files + addon_files:
                 dst = os.path.join(workspace, os.path.basename(a))
                 if os.path.abspath(dst) != a:
                     shutil.copyfile(a, dst)
@@ -448,8 +512,16 @@ def export_library(
             writer(path, files)
             return path
 
+        if is_static:
+            # Code for another machine (-mtriple) is compiled by that machine's cross compiler.
+            cc = cc or _cc.cc_for_modules(dso)
+            _archive_static(path, saved, crt_source_path(), packed, api_files + addon_files, opts, workspace,
+                            cc=cc, isa_note=isa_note, ar=kwargs.get("ar"))
+            return path
         if fcompile is None or fcompile is _cc.create_shared:
-            _link_shared(path, saved, crt_source_path(), packed, addon_files, opts, workspace, cc=cc,
+            # Code for another machine (-mtriple) is linked by that machine's cross compiler.
+            cc = cc or _cc.cc_for_modules(dso)
+            _link_shared(path, saved, crt_source_path(), packed, api_files + addon_files, opts, workspace, cc=cc,
                          isa_note=isa_note, **kwargs)
         else:
             # A custom fcompile (cross compiler, other toolchain) gets the plain inputs: it
@@ -460,7 +532,7 @@ def export_library(
                 files.append(asm)
             if isa_note is not None:
                 files.append(_write_isa_file(workspace, isa_note, None))
-            files += addon_files
+            files += api_files + addon_files
             if cc is not None:
                 kwargs["cc"] = cc
             fcompile(path, files, options=opts, **kwargs)

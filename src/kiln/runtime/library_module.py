@@ -23,10 +23,14 @@ from .module import Module, PackedFunction
 
 __all__ = ["LibraryModule", "CompiledOnDemand", "CRT_FUNCTIONS"]
 
-#: Functions the Kiln crt exports into every library; they are services, not packed
+#: Functions the Kiln crt exports into every library, and the model C API
+#: (``kiln/kiln_model.h``) that every model library exports; they are services, not packed
 #: kernels, so ``get_function`` never hands them out (calling them packed would crash).
 CRT_FUNCTIONS: frozenset[str] = frozenset(
-    {"KilnRunSequence", "KilnGetLastError", "KilnSetNumThreads", "KilnGetNumThreads", "KilnABIVersion"}
+    {"KilnRunSequence", "KilnGetLastError", "KilnSetNumThreads", "KilnGetNumThreads", "KilnABIVersion",
+     "KilnModelCreate", "KilnModelFree", "KilnModelNumInputs", "KilnModelNumOutputs", "KilnModelInputIndex",
+     "KilnModelGetInputInfo", "KilnModelGetOutputInfo", "KilnModelSetInput", "KilnModelSetInputByName",
+     "KilnModelSetInputTensor", "KilnModelRun", "KilnModelGetOutput", "KilnModelOutputData", "KilnModelAPIVersion"}
 )
 
 # Symbols that are never packed functions even though ELF says FUNC.

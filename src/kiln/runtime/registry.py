@@ -45,6 +45,7 @@ LOADER_PREFIX = "loadbinary_"
 #: module types (back ends' type keys come from their plug-in descriptors).
 BUILTIN_LOADER_MODULES: dict[str, str] = {
     "GraphExecutorFactory": "kiln.runtime.executor_factory",
+    "IsaDispatch": "kiln.runtime.isa_dispatch",
 }
 
 _FUNCS: dict[str, Callable[..., Any]] = {}

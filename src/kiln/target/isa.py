@@ -249,8 +249,9 @@ def _apply_mattr(arch: str, feats: set[str], mattr: Iterable[str]) -> set[str]:
 # steer tile choice: a wrong cache size costs speed, never correctness.
 _SSE2 = ("sse2",)
 _V2 = ("sse4.2", "popcnt")
-_AVX = ("avx",)
-_V3 = ("avx2", "fma", "f16c", "bmi2")
+_AVX = _V2 + ("avx",)
+# psABI x86-64-v3 (and every Haswell / Zen core): AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE on top of v2
+_V3 = _V2 + ("avx2", "fma", "f16c", "bmi", "bmi2", "lzcnt", "movbe")
 _SKX = _V3 + ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")
 _CLX = _SKX + ("avx512vnni",)
 _ICX = _CLX + ("avx512vbmi", "avx512vbmi2", "avx512bitalg", "avx512ifma", "avx512vpopcntdq")

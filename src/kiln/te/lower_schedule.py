@@ -157,23 +157,26 @@ class _Lowerer:
                 self.attached.setdefault(id(st.attach_stage), {}).setdefault(st.attach_ivar, []).append(st)
 
     def _nested_reader_ok(self, st: Any, readers: list[Any]) -> bool:
-        """True when ``st``'s only reader is a stage attached to the same stage, at the same
-        or a deeper loop, and declared after ``st`` (so ``st``'s nest runs first).
+        """True when every reader of ``st`` is its host or a stage attached to the same host,
+        at the same or a deeper loop, and declared after ``st`` (so ``st``'s nest runs first).
 
         This is what a GEMM needs: the packed panel of B is built per column block, read by
-        the accumulation stage that is attached one loop further in."""
-        if len(readers) != 1:
-            return False
-        r = readers[0]
+        the accumulation stage that is attached one loop further in.  A row softmax needs
+        several readers: its row of exponentials is read by the row sum (a sibling) and by
+        the output (the host)."""
         host = st.attach_stage
-        if r.attach_type != "scope" or r.attach_stage is not host:
-            return False
         leaves = list(host.leaf_iter_vars)
-        if st.attach_ivar not in leaves or r.attach_ivar not in leaves:
-            return False
         stages = list(self.sch.stages)
-        return (leaves.index(r.attach_ivar) >= leaves.index(st.attach_ivar)
-                and stages.index(st) < stages.index(r))
+        if not readers or st.attach_ivar not in leaves:
+            return False
+        for r in readers:
+            if r is host:
+                continue
+            if r.attach_type != "scope" or r.attach_stage is not host or r.attach_ivar not in leaves:
+                return False
+            if leaves.index(r.attach_ivar) < leaves.index(st.attach_ivar) or stages.index(st) >= stages.index(r):
+                return False
+        return True
 
     def _reader_accesses(self, reader: Any, raw: list[PrimExpr], lvars: list[Var], exts: list[int], level: int,
                          ranges: dict[Var, tuple[float, float]]) -> tuple[list[PrimExpr], dict[Var, tuple[int, int]]]:
@@ -477,11 +480,18 @@ class _Lowerer:
         ana = Analyzer()
         ana.ranges.update(ranges)
         rd = self.readers.get(id(cop), [])
-        if rd and rd[0] is not child.attach_stage:
-            # read by a sibling attached deeper (see _nested_reader_ok): use its accesses
-            raw, extra = self._reader_accesses(rd[0], raw, lvars, exts, level, ranges)
-            inner.update(extra)
-            ana.ranges.update(extra)
+        if any(r is not child.attach_stage for r in rd):
+            # read by siblings attached at the same or a deeper loop (see _nested_reader_ok):
+            # the region is the union of their accesses (and the host's, if it reads too)
+            host_raw, raw = raw, []
+            for r in rd:
+                if r is child.attach_stage:
+                    raw += host_raw
+                    continue
+                r_raw, extra = self._reader_accesses(r, host_raw, lvars, exts, level, ranges)
+                raw += r_raw
+                inner.update(extra)
+                ana.ranges.update(extra)
         accesses: list[tuple[PrimExpr, ...]] = []
         for b in raw:
             for pl in _loads(b):

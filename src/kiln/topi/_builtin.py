@@ -7,4 +7,4 @@ from . import attention, index, integer, loss, recurrent, spatial  # noqa: F401
 from .nn import conv2d, dense, norm, pool  # noqa: F401
 from .nn import conv2d_nchwc  # noqa: F401
 from .schedule import generic, x86  # noqa: F401
-from .schedule import x86_conv  # noqa: F401
+from .schedule import x86_conv, x86_softmax  # noqa: F401

@@ -1,7 +1,8 @@
 """AlterConvLayout: run convolution chains in the blocked NCHW[x]c layout.
 
-Every eligible ``conv2d`` (float32, NCHW, ``groups`` 1 or depthwise with multiplier 1)
-becomes a ``conv2d_nchwc`` on data ``NCHW[ib]c`` with its weight re-stored at build time as
+Every eligible ``conv2d`` (float32, NCHW; ``groups`` 1, depthwise with multiplier 1, or grouped
+with at least 8 output channels per group, blocked within each group) becomes a
+``conv2d_nchwc`` on data ``NCHW[ib]c`` with its weight re-stored at build time as
 ``OIHW[ib]i[ob]o`` (a new constant; no kernel runs for it).  Values stay blocked through
 ``max_pool2d`` (as ``max_pool2d_nchwc``) and the ops that do not care about the channel
 layout — elementwise unary ops, ``bias_add`` and
@@ -164,6 +165,15 @@ def _conv_plan(node: Any, data_block: int | None, isa: ISA) -> tuple[int, int] |
         b = data_block if data_block and c % data_block == 0 and data_block >= 4 else (
             tuned_ob or choose_out_block(c, ow, isa, depthwise=True))
         return (b, b) if b >= 4 else None
+    if g > 1 and o % g == 0 and cg * g == c:
+        # Grouped (ResNeXt, RegNet): blocked within each group, so output block k reads only its
+        # group's input blocks. Groups of fewer than 8 output channels stay in NCHW: with 4-wide
+        # blocks, ResNeXt-50's 3x3 128->128 / 32 groups at 56x56 took 1.45 ms against 0.76 ms in
+        # NCHW (Zen 3, 1 thread); with 8 or more, 1.8-4.1x faster than NCHW (docs/topi.md).
+        og = o // g
+        ob = tuned_ob if tuned_ob and og % tuned_ob == 0 else choose_out_block(og, ow, isa)
+        ib = data_block if data_block and cg % data_block == 0 else choose_in_block(cg, isa)
+        return (ib, ob) if ob >= 8 and og % ob == 0 and cg % ib == 0 and ib >= 4 else None
     return None
 
 
@@ -279,7 +289,7 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
                 continue
             ib, ob = plan
             data, weight = node.inputs
-            dw = node.attrs["groups"] != 1
+            dw = node.attrs["groups"] != 1 and weight.shape[1] == 1 and node.attrs["groups"] == data.shape[1]
             wlayout = f"OIHW1i{ob}o" if dw else f"OIHW{ib}i{ob}o"
             warr = weight.const_value
             if warr is not None:

@@ -201,10 +201,17 @@ def _nchwc_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
         if icb != cb or wib != ib:
             raise InputError(f"weight {weight.shape} does not match data {data.shape}: expected "
                              f"(O/o, {cb}, KH, KW, {ib}, o)")
+    elif _is_depthwise(data.shape, weight.shape, g):
+        if ob != ib or obk != cb:
+            raise InputError(f"depthwise conv2d_nchwc: weight {weight.shape} does not match data {data.shape}: "
+                             f"expected ({cb}, 1, KH, KW, 1, {ib})")
     else:
-        if g != c or icb != 1 or wib != 1 or ob != ib or obk != cb:
-            raise InputError(f"conv2d_nchwc supports groups=1 or depthwise (groups = channels = {c}, "
-                             f"weight (C/b, 1, KH, KW, 1, b) with b = {ib}); got groups={g}, weight {weight.shape}")
+        # grouped: every group's input and output channels are whole blocks
+        if g < 1 or c % g or (obk * ob) % g or wib != ib or icb * ib * g != c or ((obk * ob) // g) % ob:
+            raise InputError(f"grouped conv2d_nchwc (groups={g}): weight {weight.shape} does not match data "
+                             f"{data.shape}: expected (O/o, C/groups/{ib}, KH, KW, {ib}, o) with C/groups and "
+                             f"O/groups multiples of the blocks, or a depthwise weight ({cb}, 1, KH, KW, 1, {ib}) "
+                             f"with groups = channels = {c}")
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = attrs["strides"], attrs["dilation"], attrs["padding"]
     if min(sh, sw, dh, dw) < 1 or min(pt, pl, pb, pr) < 0:
         raise InputError(f"bad strides {attrs['strides']} / dilation {attrs['dilation']} / padding {attrs['padding']}")
@@ -213,13 +220,19 @@ def _nchwc_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     return [TensorType((n, obk, oh, ow, ob), dt)]
 
 
+def _is_depthwise(data_shape: tuple[int, ...], weight_shape: tuple[int, ...], groups: int) -> bool:
+    """Depthwise (multiplier 1) weight ``(C/b, 1, KH, KW, 1, b)``, as opposed to a grouped one
+    ``(O/o, C/groups/i, KH, KW, i, o)`` (whose ``i`` is a block of at least 4 channels)."""
+    return groups != 1 and groups == data_shape[1] * data_shape[4] and weight_shape[1] == 1 and weight_shape[4] == 1
+
+
 def _nchwc_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     from .nn import _conv2d_ref
 
     x, w = xs
     ib, ob = x.shape[4], w.shape[5]
     xd = layout_to_primal(x, f"NCHW{ib}c")
-    if attrs["groups"] == 1:
+    if not _is_depthwise(x.shape, w.shape, attrs["groups"]):
         wd = layout_to_primal(w, f"OIHW{w.shape[4]}i{ob}o")
     else:
         wd = layout_to_primal(w, f"OIHW1i{ob}o")

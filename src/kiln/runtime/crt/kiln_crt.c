@@ -246,7 +246,8 @@ KILN_DLL int32_t KilnGetNumThreads(void) { return __KilnBackendGetNumThreads(); 
 /* ---------------- kernel argument checks ---------------- */
 /* Shared by the C and LLVM code generators, so that every kernel reports a bad argument in the
  * same words and a kernel's own code carries only a call and a constant shape table. */
-static const char* kiln_dtype_name(uint8_t code, uint8_t bits, uint16_t lanes, char* buf, size_t n) {
+__attribute__((visibility("hidden"))) const char* KilnDTypeText(uint8_t code, uint8_t bits, uint16_t lanes, char* buf,
+                                                               size_t n) {
   const char* base = code == 0 ? "int" : code == 1 ? "uint" : code == 2 ? "float" : code == 4 ? "bfloat"
                    : code == 6 ? "bool" : "code";
   if (code == 6) snprintf(buf, n, "bool");
@@ -255,7 +256,7 @@ static const char* kiln_dtype_name(uint8_t code, uint8_t bits, uint16_t lanes, c
   return buf;
 }
 
-static const char* kiln_shape_text(int32_t ndim, const int64_t* shape, char* buf, size_t n) {
+__attribute__((visibility("hidden"))) const char* KilnShapeText(int32_t ndim, const int64_t* shape, char* buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "(");
   for (int32_t i = 0; i < ndim && k < n; ++i)
     k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
@@ -288,16 +289,16 @@ __attribute__((visibility("hidden"))) int32_t KilnCheckTensorArg(const char* fn,
                            (int)t->device.device_type);
   if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1)
     return KilnErrorf("%s: argument %d (%s) expected dtype %s, got %s", fn, i, name,
-                           kiln_dtype_name(code, bits, 1, a, sizeof(a)),
-                           kiln_dtype_name(t->dtype.code, t->dtype.bits, t->dtype.lanes, b, sizeof(b)));
+                           KilnDTypeText(code, bits, 1, a, sizeof(a)),
+                           KilnDTypeText(t->dtype.code, t->dtype.bits, t->dtype.lanes, b, sizeof(b)));
   if (t->ndim != ndim)
     return KilnErrorf("%s: argument %d (%s) expected ndim %d with shape %s, got ndim %d with shape %s", fn, i,
-                           name, ndim, kiln_shape_text(ndim, shape, a, sizeof(a)), t->ndim,
-                           kiln_shape_text(t->ndim, t->shape, b, sizeof(b)));
+                           name, ndim, KilnShapeText(ndim, shape, a, sizeof(a)), t->ndim,
+                           KilnShapeText(t->ndim, t->shape, b, sizeof(b)));
   for (int32_t k = 0; k < ndim; ++k)
     if (t->shape[k] != shape[k])
       return KilnErrorf("%s: argument %d (%s) expected shape %s, got %s", fn, i, name,
-                             kiln_shape_text(ndim, shape, a, sizeof(a)), kiln_shape_text(ndim, t->shape, b, sizeof(b)));
+                             KilnShapeText(ndim, shape, a, sizeof(a)), KilnShapeText(ndim, t->shape, b, sizeof(b)));
   if (t->strides != NULL) {
     int64_t expect = 1;
     for (int32_t k = ndim - 1; k >= 0; --k) {

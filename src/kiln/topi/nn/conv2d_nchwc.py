@@ -36,18 +36,20 @@ TAG_POOL_NCHWC = "max_pool2d_nchwc"
 def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (1, 1),
                  padding: tuple[int, int, int, int] = (0, 0, 0, 0), dilation: tuple[int, int] = (1, 1),
                  groups: int = 1) -> te.Tensor:
-    """Blocked 2-D convolution (``groups`` 1 or depthwise).
+    """Blocked 2-D convolution (``groups`` 1, depthwise, or grouped with whole blocks per group).
 
     Parameters
     ----------
     data : te.Tensor
         ``(N, C/ib, H, W, ib)``.
     weight : te.Tensor
-        ``(O/ob, C/ib, KH, KW, ib, ob)``; depthwise: ``(C/b, 1, KH, KW, 1, b)``.
+        ``(O/ob, C/ib, KH, KW, ib, ob)``; depthwise: ``(C/b, 1, KH, KW, 1, b)``; grouped:
+        ``(O/ob, C/groups/ib, KH, KW, ib, ob)``.
     strides, dilation : (int, int)
     padding : (top, left, bottom, right)
     groups : int
-        1, or the channel count for a depthwise convolution.
+        1, the channel count for a depthwise convolution, or the group count of a grouped one
+        (``ib`` divides ``C/groups`` and ``ob`` divides ``O/groups``).
 
     Returns
     -------
@@ -62,7 +64,8 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = 
     oh = (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1
     ow = (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
     acc = acc_dtype(data.dtype)
-    if any(padding) and groups == 1:
+    depthwise = groups != 1 and groups == cb * ib and icb == 1 and weight.shape[4] == 1
+    if any(padding) and not depthwise:
         dp = pad_compute(data, [(0, 0), (0, 0), (pt, pb), (pl, pr), (0, 0)], "constant", 0.0,
                          name="conv_pad", tag=TAG_CONV_PAD)
     else:
@@ -70,7 +73,7 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = 
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     attrs = {"strides": tuple(strides), "dilation": tuple(dilation), "kernel": (kh, kw)}
-    if groups != 1:
+    if depthwise:
         # Depthwise reads each input element KH*KW times at most, so a materialised padded
         # copy costs as much memory traffic as the convolution itself; bounds checks on the
         # (scalar) pixel coordinates are cheaper (Zen 3, 96 ch 112x112 stride 2:
@@ -90,11 +93,15 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = 
         out = te.compute((n, obk, oh, ow, ob), dw_body, name="depthwise_conv2d_nchwc",
                          tag=TAG_DEPTHWISE_NCHWC, attrs=attrs)
     else:
-        rco = te.reduce_axis((0, cb), name="rco")
+        # grouped: output block k belongs to group k // (blocks per group) and reads only that
+        # group's icb input blocks (groups == 1: all cb of them)
+        rco = te.reduce_axis((0, icb), name="rco")
         rci = te.reduce_axis((0, ib), name="rci")
+        out_blocks_per_group = obk // groups
 
         def body(b: Any, k: Any, y: Any, x: Any, kc: Any) -> Any:
-            return te.sum(te.cast(dp[b, rco, y * sh + ry * dh, x * sw + rx * dw, rci], acc)
+            cblk = rco if groups == 1 else k // out_blocks_per_group * icb + rco
+            return te.sum(te.cast(dp[b, cblk, y * sh + ry * dh, x * sw + rx * dw, rci], acc)
                           * te.cast(weight[k, rco, ry, rx, rci, kc], acc), axis=[rco, ry, rx, rci])
 
         out = te.compute((n, obk, oh, ow, ob), body, name="conv2d_nchwc", tag=TAG_CONV2D_NCHWC,

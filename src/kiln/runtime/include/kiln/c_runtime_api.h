@@ -148,6 +148,10 @@ KILN_DLL int32_t KilnABIVersion(void);
 /* Kernel support (hidden: each library binds its own). Records the printf-formatted message as
  * this thread's last error and returns -1 (a kernel's error return). */
 __attribute__((visibility("hidden"), format(printf, 1, 2))) int32_t KilnErrorf(const char* fmt, ...);
+/* "float32", "int64", "bool", ... and "(1, 3, 224, 224)" into buf (hidden; for error messages). */
+__attribute__((visibility("hidden"))) const char* KilnDTypeText(uint8_t code, uint8_t bits, uint16_t lanes, char* buf,
+                                                               size_t n);
+__attribute__((visibility("hidden"))) const char* KilnShapeText(int32_t ndim, const int64_t* shape, char* buf, size_t n);
 /* Checks packed argument i against the
  * buffer a kernel was compiled for: a CPU DLTensor of dtype (code, bits), the given shape, compact
  * row-major; on a mismatch records "<fn>: argument <i> (<name>) ..." and returns -1, else 0. */

@@ -1,0 +1,609 @@
+/*
+ * The Kiln model C API (kiln/kiln_model.h), driven by a model's generated tables (kiln_model_desc.h).
+ *
+ * Compiled into every library that holds a CPU graph, next to the generated kiln_model.c (which
+ * defines the tables and KilnModelCreate). It does what kiln.runtime's graph executor does for a
+ * CPU graph -- one buffer per storage slot, a DLTensor per entry, the kernel calls bound once at
+ * creation and dispatched by KilnRunSequence -- without reading the graph JSON: the order, shapes
+ * and names are in the tables. Weights come from the library's module blob (the factory's params
+ * section, docs/module_blob_format.md + docs/params_format.md) or from a params file.
+ *
+ * Everything read from a file or the blob is bounds-checked; a failure sets the thread's last
+ * error (KilnGetLastError) naming what was wrong and returns a KilnStatus, never aborts.
+ */
+#define _GNU_SOURCE
+#include <kiln/kiln_model_desc.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KILN_HIDDEN __attribute__((visibility("hidden")))
+
+/* KilnErrorf (kiln_crt.c) records the message and returns -1; keep the status code instead. */
+#define FAIL(status, ...) (KilnErrorf(__VA_ARGS__), (int32_t)(status))
+
+static const uint64_t kParamsMagic = 0xF7E58D4F05049CB7ULL;
+static const uint64_t kTensorMagic = 0xDD5E40F096B4A13FULL;
+static const char kFactoryKey[] = "GraphExecutorFactory";
+
+struct KilnModel {
+  const KilnModelDesc* desc;
+  pthread_mutex_t mu;
+  void** storage;         /* one 64-byte aligned buffer per storage slot */
+  DLTensor* tensors;      /* per entry */
+  DLTensor* flat;         /* per entry: the same memory as a 1-D tensor (flatten_data kernels) */
+  int64_t* flat_shape;    /* per entry: its element count */
+  KilnValue* values;      /* per op argument */
+  int32_t* codes;
+  KilnOpCall* calls;      /* per op (a copy's slot is unused) */
+  uint8_t* input_set;     /* per input */
+};
+
+KILN_DLL int32_t KilnModelAPIVersion(void) { return KILN_MODEL_API_VERSION; }
+
+/* ---------------- bounded little-endian reading ---------------- */
+typedef struct {
+  const uint8_t* p;
+  uint64_t n, pos;
+  const char* what; /* "params file 'x.params'", "the library's module blob" */
+  int in_blob;      /* the params a library carries (not a file the caller named) */
+} Cursor;
+
+static int cur_u64(Cursor* c, uint64_t* v) {
+  if (c->n - c->pos < 8) return 0;
+  uint64_t x = 0;
+  for (int i = 7; i >= 0; --i) x = (x << 8) | c->p[c->pos + (uint64_t)i];
+  *v = x;
+  c->pos += 8;
+  return 1;
+}
+
+static int cur_skip(Cursor* c, uint64_t k) {
+  if (c->n - c->pos < k) return 0;
+  c->pos += k;
+  return 1;
+}
+
+static int32_t truncated(const Cursor* c, const char* field) {
+  return FAIL(KILN_ERR_FORMAT, "%s: truncated at byte %llu while reading %s", c->what,
+              (unsigned long long)c->pos, field);
+}
+
+static int64_t le_i64(const uint8_t* p) {
+  uint64_t x = 0;
+  for (int i = 7; i >= 0; --i) x = (x << 8) | p[i];
+  return (int64_t)x;
+}
+
+static const char* dtype_text(DLDataType t, char* buf, size_t n) { return KilnDTypeText(t.code, t.bits, 1, buf, n); }
+
+#define shape_text KilnShapeText
+
+/* ---------------- params (docs/params_format.md) ---------------- */
+static int32_t find_param(const KilnModelDesc* d, const char* name, uint64_t len) {
+  for (int32_t i = 0; i < d->num_params; ++i)
+    if (strlen(d->params[i].name) == len && memcmp(d->params[i].name, name, len) == 0) return i;
+  return -1;
+}
+
+/* Copies every tensor of a params dict into its param entry; every param must be present. */
+static int32_t load_params(KilnModel* m, Cursor* c) {
+  const KilnModelDesc* d = m->desc;
+  uint64_t magic, reserved, count;
+  if (!cur_u64(c, &magic)) return truncated(c, "the params magic");
+  if (magic != kParamsMagic)
+    return FAIL(KILN_ERR_FORMAT, "%s: not a params dict (magic 0x%016llx, expected 0x%016llx)", c->what,
+                (unsigned long long)magic, (unsigned long long)kParamsMagic);
+  if (!cur_u64(c, &reserved) || !cur_u64(c, &count)) return truncated(c, "the params header");
+  if (count == 0 && d->num_params > 0 && c->in_blob)
+    return FAIL(KILN_ERR_ARGUMENT, "KilnModelCreate: model '%s' has %d params but the library was exported without "
+                "them (remove_params); pass a params file", d->mod_name, (int)d->num_params);
+  if (count > c->n / 8) return FAIL(KILN_ERR_FORMAT, "%s: implausible tensor count %llu", c->what,
+                                    (unsigned long long)count);
+  /* Names first, then tensors in the same order: remember where each name is. */
+  uint64_t names_at = c->pos;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t len;
+    if (!cur_u64(c, &len) || !cur_skip(c, len)) return truncated(c, "a param name");
+  }
+  uint64_t tensors;
+  if (!cur_u64(c, &tensors)) return truncated(c, "the tensor count");
+  if (tensors != count)
+    return FAIL(KILN_ERR_FORMAT, "%s: %llu names but %llu tensors", c->what, (unsigned long long)count,
+                (unsigned long long)tensors);
+  uint8_t* seen = calloc((size_t)d->num_params + 1, 1);
+  if (!seen) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+  Cursor names = *c;
+  names.pos = names_at;
+  int32_t status = KILN_OK;
+  char a[160], b[160];
+  for (uint64_t i = 0; i < count && status == KILN_OK; ++i) {
+    uint64_t len = 0;
+    cur_u64(&names, &len);
+    const char* name = (const char*)names.p + names.pos;
+    names.pos += len;
+    uint64_t tmagic, tres, nbytes = 0;
+    if (!cur_u64(c, &tmagic) || !cur_u64(c, &tres) || c->n - c->pos < 16) {
+      status = truncated(c, "a tensor header");
+      break;
+    }
+    if (tmagic != kTensorMagic) {
+      status = FAIL(KILN_ERR_FORMAT, "%s: tensor %llu ('%.*s') has a bad magic number", c->what,
+                    (unsigned long long)i, (int)(len > 100 ? 100 : len), name);
+      break;
+    }
+    const uint8_t* h = c->p + c->pos;
+    int32_t ndim = (int32_t)((uint32_t)h[8] | (uint32_t)h[9] << 8 | (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24);
+    DLDataType dt = {h[12], h[13], (uint16_t)(h[14] | h[15] << 8)};
+    c->pos += 16;
+    if (ndim < 0 || ndim > 64 || c->n - c->pos < (uint64_t)ndim * 8 + 8) {
+      status = truncated(c, "a tensor shape");
+      break;
+    }
+    int64_t shape[64];
+    for (int32_t k = 0; k < ndim; ++k) shape[k] = le_i64(c->p + c->pos + 8 * (uint64_t)k);
+    c->pos += (uint64_t)ndim * 8;
+    cur_u64(c, &nbytes);
+    if (c->n - c->pos < nbytes) {
+      status = truncated(c, "tensor data");
+      break;
+    }
+    int32_t p = find_param(d, name, len);
+    if (p < 0) {
+      status = FAIL(KILN_ERR_FORMAT, "%s: '%.*s' is not a param of model '%s' (it has %d params)", c->what,
+                    (int)(len > 100 ? 100 : len), name, d->mod_name, (int)d->num_params);
+      break;
+    }
+    const KilnEntryDesc* e = &d->entries[d->params[p].entry];
+    const int64_t* want = d->shapes + e->shape_offset;
+    int same = ndim == e->ndim && nbytes == e->nbytes;
+    for (int32_t k = 0; same && k < ndim; ++k) same = shape[k] == want[k];
+    if (dt.code == kDLUInt && dt.bits == 1) dt.code = kDLBool, dt.bits = 8; /* TVM's bool spelling */
+    if (!same || dt.code != e->dtype.code || dt.bits != e->dtype.bits) {
+      char c1[32], c2[32];
+      status = FAIL(KILN_ERR_SHAPE, "%s: param '%s' is %s %s, the model expects %s %s", c->what,
+                    d->params[p].name, dtype_text(dt, c1, sizeof c1), shape_text(ndim, shape, a, sizeof a),
+                    dtype_text(e->dtype, c2, sizeof c2), shape_text(e->ndim, want, b, sizeof b));
+      break;
+    }
+    memcpy(m->tensors[d->params[p].entry].data, c->p + c->pos, (size_t)nbytes);
+    c->pos += nbytes;
+    seen[p] = 1;
+  }
+  for (int32_t p = 0; p < d->num_params && status == KILN_OK; ++p)
+    if (!seen[p])
+      status = FAIL(KILN_ERR_FORMAT, "%s: param '%s' of model '%s' is missing", c->what, d->params[p].name,
+                    d->mod_name);
+  free(seen);
+  return status;
+}
+
+/* The params section of this model's GraphExecutorFactory entry in the module blob. */
+static int32_t blob_params(const KilnModelDesc* d, Cursor* out) {
+  Cursor c = {d->blob, 8, 0, "the library's module blob", 1};
+  uint64_t len, count;
+  cur_u64(&c, &len);
+  c.n = 8 + len;
+  if (!cur_u64(&c, &count)) return truncated(&c, "the entry count");
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t klen;
+    if (!cur_u64(&c, &klen) || c.n - c.pos < klen) return truncated(&c, "a type key");
+    const char* key = (const char*)c.p + c.pos;
+    c.pos += klen;
+    if (klen == 4 && memcmp(key, "_lib", 4) == 0) continue;
+    if (klen == 12 && memcmp(key, "_import_tree", 12) == 0) {
+      for (int v = 0; v < 2; ++v) {
+        uint64_t k;
+        if (!cur_u64(&c, &k) || k > (c.n - c.pos) / 8 || !cur_skip(&c, 8 * k)) return truncated(&c, "the import tree");
+      }
+      continue;
+    }
+    uint64_t plen;
+    if (!cur_u64(&c, &plen) || c.n - c.pos < plen) return truncated(&c, "an entry payload");
+    Cursor p = {c.p + c.pos, plen, 0, c.what, 1};
+    c.pos += plen;
+    if (klen != sizeof(kFactoryKey) - 1 || memcmp(key, kFactoryKey, klen) != 0) continue;
+    uint64_t glen, nlen, params_len;
+    if (!cur_u64(&p, &glen) || !cur_skip(&p, glen) || !cur_u64(&p, &nlen) || p.n - p.pos < nlen)
+      return truncated(&p, "the factory payload");
+    int ours = nlen == strlen(d->mod_name) && memcmp(p.p + p.pos, d->mod_name, nlen) == 0;
+    p.pos += nlen;
+    if (!ours) continue;
+    if (!cur_u64(&p, &params_len) || p.n - p.pos < params_len) return truncated(&p, "the params section");
+    out->p = p.p + p.pos;
+    out->n = params_len;
+    out->pos = 0;
+    out->what = "the params in the library's module blob";
+    out->in_blob = 1;
+    return KILN_OK;
+  }
+  return FAIL(KILN_ERR_FORMAT, "the library's module blob has no executor factory named '%s'", d->mod_name);
+}
+
+static int32_t read_file(const char* path, uint8_t** data, uint64_t* n) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return FAIL(KILN_ERR_IO, "params file '%s' cannot be opened", path);
+  long size = -1;
+  if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+  if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    fclose(f);
+    return FAIL(KILN_ERR_IO, "params file '%s' cannot be read (not a regular file?)", path);
+  }
+  *data = malloc(size > 0 ? (size_t)size : 1);
+  if (!*data) {
+    fclose(f);
+    return FAIL(KILN_ERR_MEMORY, "params file '%s': out of memory for %ld bytes", path, size);
+  }
+  size_t got = fread(*data, 1, (size_t)size, f);
+  fclose(f);
+  if (got != (size_t)size) {
+    free(*data);
+    return FAIL(KILN_ERR_IO, "params file '%s': read %zu of %ld bytes", path, got, size);
+  }
+  *n = (uint64_t)size;
+  return KILN_OK;
+}
+
+/* ---------------- create / free ---------------- */
+KILN_DLL void KilnModelFree(KilnModel* m) {
+  if (!m) return;
+  if (m->storage)
+    for (int32_t s = 0; s < m->desc->num_storage; ++s) free(m->storage[s]);
+  free(m->storage);
+  free(m->tensors);
+  free(m->flat);
+  free(m->flat_shape);
+  free(m->values);
+  free(m->codes);
+  free(m->calls);
+  free(m->input_set);
+  pthread_mutex_destroy(&m->mu);
+  free(m);
+}
+
+static int32_t bind_linked_params(KilnModel* m) {
+  const KilnModelDesc* d = m->desc;
+  for (int32_t p = 0; p < d->num_params; ++p) {
+    KilnValue arg, ret;
+    int32_t code = kKilnStr, ret_code = kKilnNullptr;
+    arg.v_str = d->params[p].name;
+    if (d->linked_param_lookup(&arg, &code, 1, &ret, &ret_code, NULL) != 0)
+      return FAIL(KILN_ERR_FORMAT, "linked param '%s': the lookup failed: %s", d->params[p].name, KilnGetLastError());
+    if (ret_code != kKilnOpaqueHandle || ret.v_handle == NULL)
+      return FAIL(KILN_ERR_FORMAT, "linked param '%s' is not in the library", d->params[p].name);
+    int32_t e = d->params[p].entry;
+    m->tensors[e].data = ret.v_handle;
+    m->flat[e].data = ret.v_handle;
+  }
+  return KILN_OK;
+}
+
+KILN_HIDDEN int32_t KilnModelCreateFromDesc(const KilnModelDesc* d, const char* params_path, KilnModel** out) {
+  if (!out) return FAIL(KILN_ERR_ARGUMENT, "KilnModelCreate: out is NULL");
+  *out = NULL;
+  if (d->api_version != KILN_MODEL_API_VERSION)
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: the model tables are version %d, this code reads version %d",
+                (int)d->api_version, KILN_MODEL_API_VERSION);
+  if (d->unsupported) return FAIL(KILN_ERR_UNSUPPORTED, "KilnModelCreate: %s", d->unsupported);
+  KilnModel* m = calloc(1, sizeof(KilnModel));
+  if (!m) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+  m->desc = d;
+  pthread_mutex_init(&m->mu, NULL);
+  size_t ne = (size_t)d->num_entries, nargs = 0;
+  for (int32_t i = 0; i < d->num_ops; ++i) nargs += (size_t)d->ops[i].num_args;
+  m->storage = calloc((size_t)d->num_storage + 1, sizeof(void*));
+  m->tensors = calloc(ne + 1, sizeof(DLTensor));
+  m->flat = calloc(ne + 1, sizeof(DLTensor));
+  m->flat_shape = calloc(ne + 1, sizeof(int64_t));
+  m->values = calloc(nargs + 1, sizeof(KilnValue));
+  m->codes = calloc(nargs + 1, sizeof(int32_t));
+  m->calls = calloc((size_t)d->num_ops + 1, sizeof(KilnOpCall));
+  m->input_set = calloc((size_t)d->num_inputs + 1, 1);
+  if (!m->storage || !m->tensors || !m->flat || !m->flat_shape || !m->values || !m->codes || !m->calls ||
+      !m->input_set) {
+    KilnModelFree(m);
+    return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+  }
+  /* Zeroed, as the Python executor does: a buffer read before it is written holds 0, not old data. */
+  for (int32_t s = 0; s < d->num_storage; ++s) {
+    size_t size = (size_t)((d->storage_bytes[s] + 63) / 64 * 64);
+    if (size == 0) size = 64;
+    if (posix_memalign(&m->storage[s], 64, size) != 0) {
+      m->storage[s] = NULL;
+      KilnModelFree(m);
+      return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: cannot allocate %zu bytes for storage slot %d", size, (int)s);
+    }
+    memset(m->storage[s], 0, size);
+  }
+  for (size_t e = 0; e < ne; ++e) {
+    const KilnEntryDesc* ed = &d->entries[e];
+    DLTensor* t = &m->tensors[e];
+    t->data = m->storage[ed->storage];
+    t->device.device_type = kDLCPU;
+    t->ndim = ed->ndim;
+    t->dtype = ed->dtype;
+    t->shape = (int64_t*)(d->shapes + ed->shape_offset); /* the kernels never write shapes */
+    int64_t size = 1;
+    for (int32_t k = 0; k < ed->ndim; ++k) size *= t->shape[k];
+    m->flat_shape[e] = size;
+    m->flat[e] = *t;
+    m->flat[e].ndim = 1;
+    m->flat[e].shape = &m->flat_shape[e];
+  }
+  size_t arg = 0;
+  for (int32_t i = 0; i < d->num_ops; ++i) {
+    const KilnOpDesc* op = &d->ops[i];
+    for (int32_t k = 0; k < op->num_args; ++k) {
+      int32_t e = d->op_args[op->first_arg + k];
+      m->values[arg + (size_t)k].v_handle = op->flatten ? &m->flat[e] : &m->tensors[e];
+      m->codes[arg + (size_t)k] = kKilnDLTensorHandle;
+    }
+    m->calls[i].fn = op->fn;
+    m->calls[i].args = &m->values[arg];
+    m->calls[i].type_codes = &m->codes[arg];
+    m->calls[i].num_args = op->num_args;
+    arg += (size_t)op->num_args;
+  }
+  int32_t status = KILN_OK;
+  if (d->num_params > 0) {
+    if (params_path) {
+      uint8_t* data = NULL;
+      uint64_t n = 0;
+      status = read_file(params_path, &data, &n);
+      if (status == KILN_OK) {
+        char what[600];
+        snprintf(what, sizeof what, "params file '%s'", params_path);
+        Cursor c = {data, n, 0, what, 0};
+        status = load_params(m, &c);
+        free(data);
+      }
+    } else if (d->linked_param_lookup) {
+      status = bind_linked_params(m);
+    } else if (d->blob) {
+      Cursor c;
+      status = blob_params(d, &c);
+      if (status == KILN_OK) status = load_params(m, &c);
+    } else {
+      status = FAIL(KILN_ERR_ARGUMENT, "KilnModelCreate: model '%s' has %d params but the library carries none; "
+                    "pass a params file", d->mod_name, (int)d->num_params);
+    }
+  }
+  if (status != KILN_OK) {
+    KilnModelFree(m);
+    return status;
+  }
+  *out = m;
+  return KILN_OK;
+}
+
+/* ---------------- CPU feature levels (kiln.build_portable) ---------------- */
+/* Whether every space-separated flag of `need` is a whole word of `have`. */
+static int has_flags(const char* have, const char* need) {
+  const char* p = need;
+  while (*p) {
+    while (*p == ' ') ++p;
+    size_t n = strcspn(p, " ");
+    if (n == 0) break;
+    int found = 0;
+    for (const char* h = have; *h && !found;) {
+      while (*h == ' ' || *h == '\t' || *h == '\n') ++h;
+      size_t m = strcspn(h, " \t\n");
+      if (m == 0) break; /* end of the line */
+      found = m == n && memcmp(h, p, n) == 0;
+      h += m;
+    }
+    if (!found) return 0;
+    p += n;
+  }
+  return 1;
+}
+
+/* The x86 "flags" / Arm "Features" line of /proc/cpuinfo (as the Python loader reads it), or NULL. */
+static char* cpu_flags_line(void) {
+  FILE* f = fopen("/proc/cpuinfo", "r");
+  if (!f) return NULL;
+  char* line = NULL;
+  size_t cap = 0;
+  char* out = NULL;
+  while (getline(&line, &cap, f) > 0) {
+    if (strncmp(line, "flags", 5) == 0 || strncmp(line, "Features", 8) == 0) {
+      char* colon = strchr(line, ':');
+      if (colon) out = strdup(colon + 1);
+      break;
+    }
+  }
+  free(line);
+  fclose(f);
+  return out;
+}
+
+KILN_HIDDEN int32_t KilnModelSelectVariant(const KilnModelVariant* v, int32_t n) {
+  char* flags = cpu_flags_line();
+  const char* forced = getenv("KILN_ISA_VARIANT");
+  int32_t pick = -1;
+  if (forced && *forced) {
+    for (int32_t i = 0; i < n; ++i)
+      if (strcmp(v[i].mod_name, forced) == 0) pick = i;
+    if (pick < 0) KilnErrorf("KILN_ISA_VARIANT=%s names no variant of this library", forced);
+    else if (flags && !has_flags(flags, v[pick].cpu_flags)) {
+      KilnErrorf("KILN_ISA_VARIANT=%s: this CPU lacks some of %s", forced, v[pick].cpu_flags);
+      pick = -1;
+    }
+  } else if (!flags) {
+    pick = n - 1;
+  } else {
+    for (int32_t i = 0; i < n && pick < 0; ++i)
+      if (has_flags(flags, v[i].cpu_flags)) pick = i;
+    if (pick < 0) KilnErrorf("no variant of this library runs on this CPU (the least demanding needs %s)",
+                             v[n - 1].cpu_flags);
+  }
+  free(flags);
+  return pick;
+}
+
+/* ---------------- queries ---------------- */
+KILN_DLL int32_t KilnModelNumInputs(const KilnModel* m) { return m ? m->desc->num_inputs : -1; }
+KILN_DLL int32_t KilnModelNumOutputs(const KilnModel* m) { return m ? m->desc->num_outputs : -1; }
+
+KILN_DLL int32_t KilnModelInputIndex(const KilnModel* m, const char* name) {
+  if (!m || !name) {
+    KilnErrorf("KilnModelInputIndex: %s is NULL", m ? "name" : "model");
+    return -1;
+  }
+  const KilnModelDesc* d = m->desc;
+  for (int32_t i = 0; i < d->num_inputs; ++i)
+    if (strcmp(d->inputs[i].name, name) == 0) return i;
+  char names[400];
+  size_t k = 0;
+  names[0] = 0;
+  for (int32_t i = 0; i < d->num_inputs && k < sizeof names; ++i)
+    k += (size_t)snprintf(names + k, sizeof names - k, i ? ", '%s'" : "'%s'", d->inputs[i].name);
+  KilnErrorf("model '%s' has no input '%s'; its inputs: %s", d->mod_name, name, d->num_inputs ? names : "none");
+  return -1;
+}
+
+static int32_t check_index(const KilnModel* m, int32_t index, int32_t count, const char* fn, const char* what) {
+  if (!m) return FAIL(KILN_ERR_ARGUMENT, "%s: model is NULL", fn);
+  if (index < 0 || index >= count)
+    return FAIL(KILN_ERR_ARGUMENT, "%s: %s index %d is out of range (the model has %d)", fn, what, (int)index,
+                (int)count);
+  return KILN_OK;
+}
+
+static void fill_info(const KilnModel* m, const KilnNamedEntry* ne, KilnTensorInfo* info) {
+  const KilnEntryDesc* e = &m->desc->entries[ne->entry];
+  info->name = ne->name;
+  info->ndim = e->ndim;
+  info->shape = m->desc->shapes + e->shape_offset;
+  info->dtype = e->dtype;
+  info->nbytes = e->nbytes;
+}
+
+KILN_DLL int32_t KilnModelGetInputInfo(const KilnModel* m, int32_t index, KilnTensorInfo* info) {
+  int32_t s = check_index(m, index, m ? m->desc->num_inputs : 0, "KilnModelGetInputInfo", "input");
+  if (s != KILN_OK) return s;
+  if (!info) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetInputInfo: info is NULL");
+  fill_info(m, &m->desc->inputs[index], info);
+  return KILN_OK;
+}
+
+KILN_DLL int32_t KilnModelGetOutputInfo(const KilnModel* m, int32_t index, KilnTensorInfo* info) {
+  int32_t s = check_index(m, index, m ? m->desc->num_outputs : 0, "KilnModelGetOutputInfo", "output");
+  if (s != KILN_OK) return s;
+  if (!info) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutputInfo: info is NULL");
+  fill_info(m, &m->desc->outputs[index], info);
+  return KILN_OK;
+}
+
+/* ---------------- inputs / run / outputs ---------------- */
+KILN_DLL int32_t KilnModelSetInput(KilnModel* m, int32_t index, const void* data, uint64_t nbytes) {
+  int32_t s = check_index(m, index, m ? m->desc->num_inputs : 0, "KilnModelSetInput", "input");
+  if (s != KILN_OK) return s;
+  const KilnNamedEntry* in = &m->desc->inputs[index];
+  const KilnEntryDesc* e = &m->desc->entries[in->entry];
+  if (!data && e->nbytes) return FAIL(KILN_ERR_ARGUMENT, "KilnModelSetInput: data for input '%s' is NULL", in->name);
+  if (nbytes != e->nbytes) {
+    char a[160], b[32];
+    return FAIL(KILN_ERR_SHAPE, "KilnModelSetInput: input '%s' is %s %s = %llu bytes, got %llu bytes", in->name,
+                dtype_text(e->dtype, b, sizeof b), shape_text(e->ndim, m->desc->shapes + e->shape_offset, a, sizeof a),
+                (unsigned long long)e->nbytes, (unsigned long long)nbytes);
+  }
+  pthread_mutex_lock(&m->mu);
+  if (nbytes) memcpy(m->tensors[in->entry].data, data, (size_t)nbytes);
+  m->input_set[index] = 1;
+  pthread_mutex_unlock(&m->mu);
+  return KILN_OK;
+}
+
+KILN_DLL int32_t KilnModelSetInputByName(KilnModel* m, const char* name, const void* data, uint64_t nbytes) {
+  int32_t i = KilnModelInputIndex(m, name);
+  if (i < 0) return KILN_ERR_ARGUMENT;
+  return KilnModelSetInput(m, i, data, nbytes);
+}
+
+KILN_DLL int32_t KilnModelSetInputTensor(KilnModel* m, int32_t index, const DLTensor* t) {
+  int32_t s = check_index(m, index, m ? m->desc->num_inputs : 0, "KilnModelSetInputTensor", "input");
+  if (s != KILN_OK) return s;
+  const KilnNamedEntry* in = &m->desc->inputs[index];
+  const KilnEntryDesc* e = &m->desc->entries[in->entry];
+  const int64_t* want = m->desc->shapes + e->shape_offset;
+  char a[160], b[160], c1[32], c2[32];
+  if (!t) return FAIL(KILN_ERR_ARGUMENT, "KilnModelSetInputTensor: tensor for input '%s' is NULL", in->name);
+  if (t->device.device_type != kDLCPU && t->device.device_type != kDLCUDAHost)
+    return FAIL(KILN_ERR_ARGUMENT, "KilnModelSetInputTensor: input '%s' must be a CPU tensor, got device type %d",
+                in->name, (int)t->device.device_type);
+  if (t->dtype.code != e->dtype.code || t->dtype.bits != e->dtype.bits || t->dtype.lanes != 1)
+    return FAIL(KILN_ERR_DTYPE, "KilnModelSetInputTensor: input '%s' expects dtype %s, got %s", in->name,
+                dtype_text(e->dtype, c1, sizeof c1), dtype_text(t->dtype, c2, sizeof c2));
+  int same = t->ndim == e->ndim && (t->ndim == 0 || t->shape != NULL);
+  for (int32_t k = 0; same && k < e->ndim; ++k) same = t->shape[k] == want[k];
+  if (!same)
+    return FAIL(KILN_ERR_SHAPE, "KilnModelSetInputTensor: input '%s' expects shape %s, got %s", in->name,
+                shape_text(e->ndim, want, a, sizeof a),
+                t->shape || t->ndim == 0 ? shape_text(t->ndim, t->shape, b, sizeof b) : "(NULL shape)");
+  if (t->strides) {
+    int64_t expect = 1;
+    for (int32_t k = e->ndim - 1; k >= 0; --k) {
+      if (want[k] != 1 && t->strides[k] != expect)
+        return FAIL(KILN_ERR_ARGUMENT, "KilnModelSetInputTensor: input '%s' must be compact row-major (stride of "
+                    "dim %d is %lld, expected %lld)", in->name, (int)k, (long long)t->strides[k], (long long)expect);
+      expect *= want[k];
+    }
+  }
+  return KilnModelSetInput(m, index, (const char*)t->data + t->byte_offset, e->nbytes);
+}
+
+KILN_DLL int32_t KilnModelRun(KilnModel* m) {
+  if (!m) return FAIL(KILN_ERR_ARGUMENT, "KilnModelRun: model is NULL");
+  const KilnModelDesc* d = m->desc;
+  for (int32_t i = 0; i < d->num_inputs; ++i)
+    if (!m->input_set[i])
+      return FAIL(KILN_ERR_STATE, "KilnModelRun: input '%s' was never set (KilnModelSetInput)", d->inputs[i].name);
+  int32_t status = KILN_OK;
+  pthread_mutex_lock(&m->mu);
+  int32_t i = 0;
+  while (i < d->num_ops && status == KILN_OK) {
+    const KilnOpDesc* op = &d->ops[i];
+    if (op->kind == KILN_OP_COPY) {
+      int32_t src = d->op_args[op->first_arg], dst = d->op_args[op->first_arg + 1];
+      memmove(m->tensors[dst].data, m->tensors[src].data, (size_t)d->entries[dst].nbytes);
+      ++i;
+      continue;
+    }
+    int32_t j = i;
+    while (j < d->num_ops && d->ops[j].kind == KILN_OP_CALL) ++j;
+    int32_t failed = KilnRunSequence(&m->calls[i], j - i);
+    if (failed != -1) {
+      const KilnOpDesc* bad = &d->ops[i + failed];
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", KilnGetLastError());
+      status = FAIL(KILN_ERR_KERNEL, "graph node '%s', function '%s' failed: %s", bad->name, bad->func_name,
+                    msg[0] ? msg : "no error message recorded");
+    }
+    i = j;
+  }
+  pthread_mutex_unlock(&m->mu);
+  return status;
+}
+
+KILN_DLL int32_t KilnModelGetOutput(KilnModel* m, int32_t index, void* data, uint64_t nbytes) {
+  int32_t s = check_index(m, index, m ? m->desc->num_outputs : 0, "KilnModelGetOutput", "output");
+  if (s != KILN_OK) return s;
+  const KilnNamedEntry* o = &m->desc->outputs[index];
+  const KilnEntryDesc* e = &m->desc->entries[o->entry];
+  if (nbytes < e->nbytes)
+    return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutput: output %d needs %llu bytes, the buffer has %llu", (int)index,
+                (unsigned long long)e->nbytes, (unsigned long long)nbytes);
+  if (!data && e->nbytes) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutput: data is NULL");
+  pthread_mutex_lock(&m->mu);
+  if (e->nbytes) memcpy(data, m->tensors[o->entry].data, (size_t)e->nbytes);
+  pthread_mutex_unlock(&m->mu);
+  return KILN_OK;
+}
+
+KILN_DLL const void* KilnModelOutputData(const KilnModel* m, int32_t index) {
+  if (check_index(m, index, m ? m->desc->num_outputs : 0, "KilnModelOutputData", "output") != KILN_OK) return NULL;
+  return m->tensors[m->desc->outputs[index].entry].data;
+}

@@ -1,0 +1,87 @@
+/*
+ * The tables a Kiln library carries for its C API (kiln_model.h): one KilnModelDesc per model.
+ *
+ * Internal to Kiln libraries: `export_library` generates `kiln_model.c` from the graph JSON
+ * (kiln/runtime/model_api.py) -- these tables, then the fixed implementation in
+ * kiln/runtime/crt/kiln_model_api.c -- and compiles it into the library. An application never
+ * includes this header; it is documented in docs/c_api.md for readers of the generated file.
+ *
+ * Entries, storage slots, ops and names mean what they mean in the graph JSON
+ * (docs/graph_json_format.md): an entry is one node output, entries with the same storage slot
+ * share memory (each slot is sized for its largest entry), a `__nop` output uses its input's slot
+ * (the generator resolves it) and is not an op here.
+ */
+#ifndef KILN_MODEL_DESC_H_
+#define KILN_MODEL_DESC_H_
+
+#include <kiln/kiln_model.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int32_t storage;      /* storage slot holding the entry's data (at offset 0) */
+  int32_t ndim;
+  int32_t shape_offset; /* index of the first dim in KilnModelDesc.shapes */
+  DLDataType dtype;
+  uint64_t nbytes;
+} KilnEntryDesc;
+
+enum { KILN_OP_CALL = 0, KILN_OP_COPY = 1 };
+
+typedef struct {
+  KilnBackendPackedCFunc fn; /* the kernel (NULL for a copy) */
+  const char* name;          /* graph node name, for errors */
+  const char* func_name;
+  int32_t kind;              /* KILN_OP_CALL or KILN_OP_COPY */
+  int32_t first_arg;         /* index of the first argument entry in KilnModelDesc.op_args */
+  int32_t num_args;          /* inputs then outputs */
+  int32_t flatten;           /* pass every argument as a 1-D tensor (graph JSON flatten_data) */
+} KilnOpDesc;
+
+typedef struct {
+  const char* name;
+  int32_t entry;
+} KilnNamedEntry;
+
+typedef struct {
+  int32_t api_version;        /* KILN_MODEL_API_VERSION the tables were written for */
+  const char* mod_name;       /* the factory's module name ("default") */
+  const char* unsupported;    /* NULL, or why this model cannot run through the C API */
+  int32_t num_entries;
+  const KilnEntryDesc* entries;
+  const int64_t* shapes;
+  int32_t num_storage;
+  const uint64_t* storage_bytes;
+  int32_t num_ops;
+  const KilnOpDesc* ops;
+  const int32_t* op_args;
+  int32_t num_inputs;
+  const KilnNamedEntry* inputs;
+  int32_t num_outputs;
+  const KilnNamedEntry* outputs; /* names "output0", ... (the graph JSON has none) */
+  int32_t num_params;
+  const KilnNamedEntry* params;
+  const uint8_t* blob;           /* the module blob section (u64 length + blob), or NULL */
+  KilnBackendPackedCFunc linked_param_lookup; /* _lookup_linked_param of a link_params build, or NULL */
+} KilnModelDesc;
+
+/* One build of a portable library (kiln.build_portable): its tables and the CPU features it needs,
+ * spelled as /proc/cpuinfo lists them, space-separated. Best variant first. */
+typedef struct {
+  const KilnModelDesc* desc;
+  const char* mod_name;
+  const char* cpu_flags;
+} KilnModelVariant;
+
+/* Implemented in kiln_model_api.c; KilnModelCreate(params, out) is this with the model's tables. */
+int32_t KilnModelCreateFromDesc(const KilnModelDesc* desc, const char* params_path, KilnModel** out);
+/* The variant to run on this CPU: KILN_ISA_VARIANT's, else the first whose flags the CPU has (the last,
+ * least demanding one when the CPU's flags cannot be read); -1 (last error set) if none can run. */
+int32_t KilnModelSelectVariant(const KilnModelVariant* variants, int32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_MODEL_DESC_H_ */

@@ -1,0 +1,325 @@
+"""The C API of a library: the tables ``kiln_model.c`` that drive ``kiln_model_api.c``.
+
+Every library :func:`~kiln.runtime.export_library` writes for an executor factory carries the C
+API of ``kiln/kiln_model.h`` (``docs/c_api.md``): create an instance, set inputs, run, read
+outputs, with no Python and no graph JSON reader in C. This module turns the factory's graph
+(already validated by :mod:`.graph_json`) into C tables — entries, storage slots, the op
+sequence with its kernel symbols, inputs, outputs, params — laid out as
+``kiln/kiln_model_desc.h`` declares, plus the one per-model function ``KilnModelCreate``. The
+implementation shared by every model is ``crt/kiln_model_api.c``; export compiles both into the
+library (``.so``, ``.a`` and ``.tar`` alike).
+
+The tables mirror what :class:`~kiln.runtime.graph_executor.GraphExecutor` builds at creation:
+one buffer per storage slot sized for its largest root entry, ``__nop`` outputs viewing their
+input's memory, ``__copy`` as a copy, ``flatten_data`` kernels given 1-D tensors. A graph the C
+API cannot run (entries placed on a device, a kernel not compiled into the library) still gets a
+``KilnModelCreate``, which fails with the reason instead of the library failing to link.
+
+Runtime layer: standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Sequence
+
+from . import cpu_features as _cpu
+from . import dtype as _dtype
+from .graph_json import Graph
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .module import Module
+
+__all__ = ["MODEL_FILE", "API_FILE", "API_VERSION", "model_api_source", "write_model_api", "api_source_path"]
+
+#: The generated tables (one per library).
+MODEL_FILE = "kiln_model.c"
+#: The fixed implementation, copied from the package.
+API_FILE = "kiln_model_api.c"
+#: ``KILN_MODEL_API_VERSION`` of ``kiln/kiln_model.h`` that these tables are written for.
+API_VERSION = 1
+
+_C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: LLVM feature name -> the word /proc/cpuinfo uses for it (the C side matches cpuinfo words).
+_CPUINFO_SPELLING = {llvm: flag for flag, llvm in _cpu.CPUINFO_RENAME.items()}
+#: Every x86-64 CPU has these; /proc/cpuinfo lists them as "sse sse2" anyway, but never mind.
+_ALWAYS_X86 = frozenset({"sse", "sse2"})
+_LINKED_LOOKUP = "_lookup_linked_param"
+
+
+def api_source_path() -> str:
+    """Path of ``kiln_model_api.c`` in the installed package."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "crt", API_FILE)
+
+
+def _c_str(s: str) -> str:
+    # JSON string escapes are valid C escapes for everything json.dumps emits with ensure_ascii,
+    # except that C has no \u: spell non-ASCII as UTF-8 bytes in octal.
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 32 <= ord(ch) < 127:
+            out.append(ch)
+        else:
+            out.extend(f"\\{b:03o}" for b in ch.encode("utf-8"))
+    return '"' + "".join(out) + '"'
+
+
+def _unsupported_reason(g: Graph, defined: set[str] | None) -> str | None:
+    if g.device_index is not None:
+        codes = sorted({c for c in g.device_index if c != 1})
+        if codes:
+            return (f"the graph places entries on device type(s) {codes}; the C API runs graphs whose every entry "
+                    f"is on the CPU (device type 1)")
+    for node in g.nodes:
+        if not node.is_op or node.func_name in ("__nop", "__copy"):
+            continue
+        if not _C_IDENT.match(node.func_name):
+            return f"graph node {node.name!r} calls {node.func_name!r}, which is not a C identifier"
+        if defined is not None and node.func_name not in defined:
+            return (f"graph node {node.name!r} calls {node.func_name!r}, which no module compiled into this "
+                    f"library defines")
+    for e, dt in enumerate(g.dltype):
+        try:
+            _dtype.to_dl(dt)
+        except Exception:  # noqa: BLE001 - any unsupported spelling makes the model unsupported, not the export
+            return f"graph entry {e} has dtype {dt!r}, which the C API has no DLPack code for"
+    return None
+
+
+def model_api_source(graph: Graph, params: Sequence[str], mod_name: str = "default",
+                     defined: set[str] | None = None, linked_params: Sequence[str] = (),
+                     has_blob: bool = True) -> str:
+    """C source of the model tables and ``KilnModelCreate`` for ``graph``.
+
+    Parameters are those of :func:`_tables`.
+    """
+    decls, lines = _tables(graph, params, mod_name, defined, linked_params, has_blob, "kiln_")
+    create = ["KILN_DLL int32_t KilnModelCreate(const char* params_path, KilnModel** out) {",
+              "  return KilnModelCreateFromDesc(&kiln_model_desc, params_path, out);", "}", ""]
+    return "\n".join(_header(mod_name) + sorted(decls) + lines + create)
+
+
+def portable_api_source(parts: Sequence[dict], mod_name: str = "default") -> str:
+    """C source for a library of several builds (:class:`~kiln.runtime.IsaDispatchModule`).
+
+    Parameters
+    ----------
+    parts : sequence of dict
+        Per variant, best first: the keyword arguments of :func:`_tables` (``graph``,
+        ``params``, ``mod_name``, ``defined``, ``linked_params``, ``has_blob``) plus
+        ``features``, the CPU features it needs in LLVM's spelling.
+    mod_name : str
+        The dispatching module's name.
+
+    Returns
+    -------
+    str
+        Every variant's tables and a ``KilnModelCreate`` that picks the variant with
+        ``KilnModelSelectVariant`` (``kiln_model_api.c``) before creating it.
+    """
+    decls: set[str] = set()
+    lines: list[str] = []
+    rows = []
+    for i, part in enumerate(parts):
+        kw = {k: v for k, v in part.items() if k != "features"}
+        d, ln = _tables(prefix=f"kiln_v{i}_", **kw)
+        decls |= d
+        lines += ln
+        flags = " ".join(sorted(_CPUINFO_SPELLING.get(f, f) for f in part["features"] if f not in _ALWAYS_X86))
+        rows.append(f"  {{&kiln_v{i}_model_desc, {_c_str(part['mod_name'])}, {_c_str(flags)}}},")
+    lines += ["static const KilnModelVariant kiln_variants[] = {", *rows, "};", "",
+              "KILN_DLL int32_t KilnModelCreate(const char* params_path, KilnModel** out) {",
+              f"  int32_t i = KilnModelSelectVariant(kiln_variants, {len(parts)});",
+              "  if (i < 0) {",
+              "    if (out) *out = NULL;",
+              "    return KILN_ERR_UNSUPPORTED;",
+              "  }",
+              "  return KilnModelCreateFromDesc(kiln_variants[i].desc, params_path, out);",
+              "}", ""]
+    return "\n".join(_header(mod_name) + sorted(decls) + lines)
+
+
+def _header(mod_name: str) -> list[str]:
+    return [f"/* Kiln C API tables of model {mod_name!r}. Generated by kiln.runtime.model_api; see docs/c_api.md. */",
+            "#include <kiln/kiln_model_desc.h>", ""]
+
+
+def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defined: set[str] | None = None,
+            linked_params: Sequence[str] = (), has_blob: bool = True, prefix: str = "kiln_"
+            ) -> tuple[set[str], list[str]]:
+    """Declarations and tables (``<prefix>model_desc``) of one build.
+
+    Parameters
+    ----------
+    graph : Graph
+        The validated graph JSON.
+    params : sequence of str
+        Names of the argument nodes that hold weights (the factory's params); the other
+        argument nodes are the model's inputs, in graph order.
+    mod_name : str
+        The factory's module name (selects its params in the module blob).
+    defined : set of str, optional
+        Functions the library's compiled modules define; a kernel outside it makes the model
+        unsupported (``None``: not checked).
+    linked_params : sequence of str
+        Params the library carries as linked constants (``link_params=True``).
+    has_blob : bool
+        Whether the library has a module blob (``__kiln_dev_mblob``) to read params from.
+    prefix : str
+        Prefix of the tables' C names.
+
+    Returns
+    -------
+    (set of str, list of str)
+        Declarations of the symbols the tables use, and the tables' lines.
+    """
+    g = graph
+    why = _unsupported_reason(g, defined)
+    param_set = set(params) | set(linked_params)
+    arg_names = [g.nodes[n].name for n in g.arg_nodes]
+    inputs = [(n, g.entry_id(nid)) for nid, n in zip(g.arg_nodes, arg_names) if n not in param_set]
+    weights = [(n, g.entry_id(nid)) for nid, n in zip(g.arg_nodes, arg_names) if n in param_set]
+    outputs = [(f"output{i}", g.entry_id(nid, idx)) for i, (nid, idx, _) in enumerate(g.heads)]
+
+    # Storage slots: dense indices over the storage ids of root entries, sized for the largest.
+    slot_of: dict[int, int] = {}
+    slot_bytes: list[int] = []
+    for e in range(g.num_entries):
+        if g.alias_root[e] == e:
+            sid = g.storage_id[e]
+            if sid not in slot_of:
+                slot_of[sid] = len(slot_bytes)
+                slot_bytes.append(0)
+            slot_bytes[slot_of[sid]] = max(slot_bytes[slot_of[sid]], g.entry_bytes(e))
+
+    shapes: list[int] = []
+    entry_rows: list[str] = []
+    for e in range(g.num_entries):
+        dl = _dtype.to_dl(g.dltype[e]) if why is None else None
+        code, bits = (dl.code, dl.bits) if dl is not None else (0, 0)
+        slot = slot_of[g.storage_id[g.alias_root[e]]]
+        entry_rows.append(f"  {{{slot}, {len(g.shape[e])}, {len(shapes)}, {{{code}, {bits}, 1}}, "
+                          f"{g.entry_bytes(e)}ULL}},")
+        shapes.extend(g.shape[e])
+
+    op_rows: list[str] = []
+    op_args: list[int] = []
+    kernels: list[str] = []
+    if why is None:
+        for node_id, node in enumerate(g.nodes):
+            if not node.is_op or node.func_name == "__nop":
+                continue
+            args = [g.entry_id(s, i) for s, i, _ in node.inputs] + list(g.node_entries(node_id))
+            if node.func_name == "__copy":
+                fn, kind = "NULL", "KILN_OP_COPY"
+            else:
+                fn, kind = node.func_name, "KILN_OP_CALL"
+                kernels.append(node.func_name)
+            op_rows.append(f"  {{{fn}, {_c_str(node.name)}, {_c_str(node.func_name)}, {kind}, {len(op_args)}, "
+                           f"{len(args)}, {int(node.flatten_data)}}},")
+            op_args.extend(args)
+
+    def arr(ctype: str, name: str, rows: Sequence[str]) -> str:
+        body = "\n".join(rows) if rows else "  {0}"
+        return f"static const {ctype} {name}[] = {{\n{body}\n}};"
+
+    def ints(values: Sequence[int], per_line: int = 16, suffix: str = "") -> list[str]:
+        return ["  " + ", ".join(f"{v}{suffix}" for v in values[i:i + per_line]) + ","
+                for i in range(0, len(values), per_line)]
+
+    decls: set[str] = set()
+    for k in set(kernels):
+        decls.add(f"int32_t {k}(KilnValue*, int32_t*, int32_t, KilnValue*, int32_t*, void*);")
+    linked = bool(linked_params) and why is None
+    if linked:
+        decls.add(f"int32_t {_LINKED_LOOKUP}(KilnValue*, int32_t*, int32_t, KilnValue*, int32_t*, void*);")
+    blob = has_blob and why is None
+    if blob:
+        decls.add("extern const uint8_t __kiln_dev_mblob[];")
+    p = prefix
+    lines = [
+        "",
+        arr("int64_t", f"{p}shapes", ints(shapes) if shapes else []),
+        arr("KilnEntryDesc", f"{p}entries", entry_rows),
+        arr("uint64_t", f"{p}storage_bytes", ints(slot_bytes, 8, "ULL")),
+        arr("KilnOpDesc", f"{p}ops", op_rows),
+        arr("int32_t", f"{p}op_args", ints(op_args)),
+        arr("KilnNamedEntry", f"{p}inputs", [f"  {{{_c_str(n)}, {e}}}," for n, e in inputs]),
+        arr("KilnNamedEntry", f"{p}outputs", [f"  {{{_c_str(n)}, {e}}}," for n, e in outputs]),
+        arr("KilnNamedEntry", f"{p}params", [f"  {{{_c_str(n)}, {e}}}," for n, e in weights]),
+        "",
+        f"static const KilnModelDesc {p}model_desc = {{",
+        f"  {API_VERSION}, {_c_str(mod_name)}, {'NULL' if why is None else _c_str(why)},",
+        f"  {g.num_entries}, {p}entries, {p}shapes,",
+        f"  {len(slot_bytes)}, {p}storage_bytes,",
+        f"  {len(op_rows)}, {p}ops, {p}op_args,",
+        f"  {len(inputs)}, {p}inputs,",
+        f"  {len(outputs)}, {p}outputs,",
+        f"  {len(weights)}, {p}params,",
+        f"  {'__kiln_dev_mblob' if blob else 'NULL'},",
+        f"  {_LINKED_LOOKUP if linked else 'NULL'},",
+        "};",
+    ]
+    return decls, lines
+
+
+def _defined_functions(dso: Sequence["Module"]) -> set[str] | None:
+    names: set[str] = set()
+    for m in dso:
+        funcs = m.list_functions() if hasattr(m, "list_functions") else None
+        if funcs is None:
+            return None
+        names.update(funcs)
+    return names
+
+
+def write_model_api(workspace: str, root: "Module", dso: Sequence["Module"], has_blob: bool) -> list[str]:
+    """Write ``kiln_model.c`` for ``root`` into ``workspace``.
+
+    Parameters
+    ----------
+    workspace : str
+        Directory for the generated file.
+    root : Module
+        The module being exported; an executor factory, or a
+        :class:`~kiln.runtime.IsaDispatchModule` of several, has a C API.
+    dso : sequence of Module
+        The modules compiled into the library (their functions are the kernels the tables may
+        name).
+    has_blob : bool
+        Whether the library will carry the module blob.
+
+    Returns
+    -------
+    list of str
+        The generated file and the package's ``kiln_model_api.c`` (compile both into the
+        library), or ``[]`` when ``root`` has no C API.
+    """
+    from .executor_factory import ExecutorFactoryModule
+    from .isa_dispatch import IsaDispatchModule
+
+    defined = _defined_functions(dso)
+
+    def part(factory: ExecutorFactoryModule) -> dict:
+        linked: list[str] = []
+        if defined is not None and _LINKED_LOOKUP in defined:
+            for m in factory.imported_modules[0].walk() if factory.imported_modules else ():
+                linked += list(getattr(m, "linked_param_names", ()) or ())
+        weights = list(factory.params) + [n for n in factory.removed_params if n not in factory.params]
+        return {"graph": factory._graph, "params": weights, "mod_name": factory.mod_name, "defined": defined,
+                "linked_params": linked, "has_blob": has_blob}
+
+    if isinstance(root, ExecutorFactoryModule):
+        src = model_api_source(**part(root))
+    elif isinstance(root, IsaDispatchModule):
+        parts = [dict(part(root.factory(i)), features=v.features) for i, v in enumerate(root.variants)]
+        src = portable_api_source(parts, root.mod_name)
+    else:
+        return []
+    model_path = os.path.join(workspace, MODEL_FILE)
+    with open(model_path, "w", encoding="utf-8") as f:
+        f.write(src)
+    return [model_path, api_source_path()]
