@@ -297,12 +297,34 @@ def test_aarch64_kernels_use_neon(workdir: str) -> None:
 
 # ----------------------------------------------------------------------------- real models (slow)
 def _resnet18() -> tuple[Any, dict[str, np.ndarray]]:
-    from tests.cuda.resnet_onnx import resnet18  # torchvision's layer layout, built with onnx.helper
+    """torchvision's ResNet-18 (random weights) through torch's ONNX exporter; without torchvision,
+    the same layer layout built with ``onnx.helper``."""
+    import importlib.util
+
+    import onnx
+
+    if importlib.util.find_spec("torchvision") is not None:
+        from tests.models import real_models
+
+        path, feeds = real_models.resnet18()
+        return onnx.load(path), feeds
+    from tests.cuda.resnet_onnx import resnet18
 
     return resnet18(hw=224)
 
 
 def _minilm_like() -> tuple[Any, dict[str, np.ndarray]]:
+    """A BERT encoder of all-MiniLM-L6-v2's size (transformers config, random weights, torch's ONNX
+    exporter, a padded attention mask); without transformers, the same shape built by hand."""
+    import importlib.util
+
+    import onnx
+
+    if importlib.util.find_spec("transformers") is not None:
+        from tests.models import real_models
+
+        path, feeds = real_models.minilm()
+        return onnx.load(path), feeds
     return models.bert_like(hidden=384, heads=12, inter=1536, layers=6, seq=128, vocab=30522)
 
 
