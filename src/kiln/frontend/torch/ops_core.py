@@ -420,15 +420,20 @@ def _slice(ctx: Context, node: Any, a: Args) -> Value:
                      axes=(axis,))
 
 
-@aten_op("aten.select.int", "aten.select_copy.int")
-def _select(ctx: Context, node: Any, a: Args) -> Value:
-    x = a["self"]
+def _axis_and_index(ctx: Context, x: Value, a: Args) -> tuple[int, int]:
+    """``select``'s ``(dim, index)``, normalised; an InputError naming the node when out of range."""
     axis = _dim(ctx, a["dim"], x.type.ndim)
     n = x.shape[axis]
     idx = int(a["index"])
     if not -n <= idx < n:
         raise ctx.bad(f"index {idx} is out of range for dim {axis} of size {n}")
-    idx %= n
+    return axis, idx % n
+
+
+@aten_op("aten.select.int", "aten.select_copy.int")
+def _select(ctx: Context, node: Any, a: Args) -> Value:
+    x = a["self"]
+    axis, idx = _axis_and_index(ctx, x, a)
     y = ctx.emit1("strided_slice", x, begin=(idx,), end=(idx + 1,), strides=(1,), axes=(axis,))
     return ctx.reshape(y, x.shape[:axis] + x.shape[axis + 1:])
 
@@ -476,12 +481,7 @@ def _slice_scatter(ctx: Context, node: Any, a: Args) -> Value:
 @aten_op("aten.select_scatter.default")
 def _select_scatter(ctx: Context, node: Any, a: Args) -> Value:
     x = a["self"]
-    axis = _dim(ctx, a["dim"], x.type.ndim)
-    n = x.shape[axis]
-    idx = int(a["index"])
-    if not -n <= idx < n:
-        raise ctx.bad(f"index {idx} is out of range for dim {axis} of size {n}")
-    idx %= n
+    axis, idx = _axis_and_index(ctx, x, a)
     src = ctx.reshape(ctx.cast(a["src"], x.dtype), x.shape[:axis] + (1,) + x.shape[axis + 1:])
     return _scatter_along(ctx, x, src, axis, range(idx, idx + 1))
 
