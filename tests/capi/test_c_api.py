@@ -191,7 +191,7 @@ def test_linked_params(tmp_path):
 def test_errors_and_threads(tmp_path):
     tmp = str(tmp_path)
     factory, feeds, ref = _build("cnn")
-    lib = factory.export_library(os.path.join(tmp, "libmodel.so"))
+    factory.export_library(os.path.join(tmp, "libmodel.so"))  # linked as -lmodel below
     exe = _cc(os.path.join(tmp, "capi_check"), CHECKS, f"-L{tmp}", "-lmodel", f"-Wl,-rpath,{tmp}", "-lpthread", "-lm")
     x = _write_inputs(tmp, feeds)[0]
     bad = os.path.join(tmp, "bad.params")
@@ -205,7 +205,6 @@ def test_errors_and_threads(tmp_path):
     proc = _run([exe, "threads", x, expected])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok four_instances_four_threads" in proc.stdout and "ok one_instance_four_threads" in proc.stdout
-    assert os.path.basename(lib) == "libmodel.so"
 
 
 def test_tar_carries_the_c_api(tmp_path):

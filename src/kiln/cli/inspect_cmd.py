@@ -578,12 +578,15 @@ def inspect_pt2(path: str) -> tuple[dict[str, Any], Any, Any]:
     return info, graph, params
 
 
+def _io_lines(info: dict[str, Any]) -> list[str]:
+    """The inputs and outputs of an ONNX model's or a torch.export program's summary."""
+    lines = [f"inputs ({len(info['inputs'])}):"] + [f"  {_tensor_line(t)}" for t in info["inputs"]]
+    return lines + [f"outputs ({len(info['outputs'])}):"] + [f"  {_tensor_line(t)}" for t in info["outputs"]]
+
+
 def _format_pt2(info: dict[str, Any]) -> str:
     lines = [f"model: {info['path']} (torch.export program, {fmt_bytes(info['file_bytes'])})"]
-    lines.append(f"inputs ({len(info['inputs'])}):")
-    lines += [f"  {_tensor_line(t)}" for t in info["inputs"]]
-    lines.append(f"outputs ({len(info['outputs'])}):")
-    lines += [f"  {_tensor_line(t)}" for t in info["outputs"]]
+    lines += _io_lines(info)
     sd = info["state_dict"]
     lines.append(f"parameters and buffers: {sd['count']} ({sd['values']} values)")
     lines.append(f"ATen calls after decomposition: {info['nodes']} ({len(info['op_counts'])} ops)")
@@ -617,10 +620,7 @@ def _conversion_check(model: Any, shapes: dict[str, Any] | None) -> dict[str, An
 def _format_onnx(info: dict[str, Any]) -> str:
     lines = [f"model: {info['path']} (ONNX, {fmt_bytes(info['file_bytes'])}, ir_version {info['ir_version']}, "
              f"opset {info['opset']}" + (f", producer {info['producer']}" if info["producer"] else "") + ")"]
-    lines.append(f"inputs ({len(info['inputs'])}):")
-    lines += [f"  {_tensor_line(t)}" for t in info["inputs"]]
-    lines.append(f"outputs ({len(info['outputs'])}):")
-    lines += [f"  {_tensor_line(t)}" for t in info["outputs"]]
+    lines += _io_lines(info)
     ini = info["initializers"]
     lines.append(f"initializers: {ini['count']} ({ini['values']} values)")
     lines.append(f"nodes: {info['nodes']} ({len(info['op_counts'])} op types)")

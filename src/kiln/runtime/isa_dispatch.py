@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from . import cpu_features as _cpu
@@ -39,25 +40,13 @@ TYPE_KEY = "IsaDispatch"
 FORCE_ENV = "KILN_ISA_VARIANT"
 
 
-class Variant(tuple):
-    """``(mod_name, arch, features)`` of one build."""
+@dataclass(frozen=True)
+class Variant:
+    """One build: its ``mod_name``, architecture family and the CPU features its code needs."""
 
-    __slots__ = ()
-
-    def __new__(cls, mod_name: str, arch: str, features: Sequence[str]) -> "Variant":
-        return super().__new__(cls, (mod_name, arch, tuple(sorted(features))))
-
-    @property
-    def mod_name(self) -> str:
-        return str(self[0])
-
-    @property
-    def arch(self) -> str:
-        return str(self[1])
-
-    @property
-    def features(self) -> tuple[str, ...]:
-        return tuple(self[2])
+    mod_name: str
+    arch: str
+    features: tuple[str, ...]
 
     def missing(self, host_arch: str, host: frozenset[str] | None) -> list[str] | None:
         """Features this machine lacks (``[]``: runnable), or ``None`` for another architecture."""
@@ -89,7 +78,7 @@ class IsaDispatchModule(Module):
         super().__init__()
         if not variants:
             raise InputError("IsaDispatchModule needs at least one variant")
-        self.variants = [Variant(str(v[0]), str(v[1]), list(v[2])) for v in variants]
+        self.variants = [Variant(str(v[0]), str(v[1]), tuple(sorted(v[2]))) for v in variants]
         names = [v.mod_name for v in self.variants]
         if len(set(names)) != len(names) or mod_name in names:
             raise InputError(f"IsaDispatchModule: variant names must be distinct and differ from {mod_name!r}; "

@@ -54,8 +54,8 @@ def api_source_path() -> str:
 
 
 def _c_str(s: str) -> str:
-    # JSON string escapes are valid C escapes for everything json.dumps emits with ensure_ascii,
-    # except that C has no \u: spell non-ASCII as UTF-8 bytes in octal.
+    # A C string literal: quotes and backslashes escaped, non-ASCII (and control characters) as
+    # their UTF-8 bytes in octal, which is valid C whatever follows.
     out = []
     for ch in s:
         if ch in '"\\':

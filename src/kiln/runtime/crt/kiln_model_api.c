@@ -79,8 +79,6 @@ static int64_t le_i64(const uint8_t* p) {
 
 static const char* dtype_text(DLDataType t, char* buf, size_t n) { return KilnDTypeText(t.code, t.bits, 1, buf, n); }
 
-#define shape_text KilnShapeText
-
 /* ---------------- params (docs/params_format.md) ---------------- */
 static int32_t find_param(const KilnModelDesc* d, const char* name, uint64_t len) {
   for (int32_t i = 0; i < d->num_params; ++i)
@@ -164,8 +162,8 @@ static int32_t load_params(KilnModel* m, Cursor* c) {
     if (!same || dt.code != e->dtype.code || dt.bits != e->dtype.bits) {
       char c1[32], c2[32];
       status = FAIL(KILN_ERR_SHAPE, "%s: param '%s' is %s %s, the model expects %s %s", c->what,
-                    d->params[p].name, dtype_text(dt, c1, sizeof c1), shape_text(ndim, shape, a, sizeof a),
-                    dtype_text(e->dtype, c2, sizeof c2), shape_text(e->ndim, want, b, sizeof b));
+                    d->params[p].name, dtype_text(dt, c1, sizeof c1), KilnShapeText(ndim, shape, a, sizeof a),
+                    dtype_text(e->dtype, c2, sizeof c2), KilnShapeText(e->ndim, want, b, sizeof b));
       break;
     }
     memcpy(m->tensors[d->params[p].entry].data, c->p + c->pos, (size_t)nbytes);
@@ -472,29 +470,28 @@ static int32_t check_index(const KilnModel* m, int32_t index, int32_t count, con
   return KILN_OK;
 }
 
-static void fill_info(const KilnModel* m, const KilnNamedEntry* ne, KilnTensorInfo* info) {
+static int32_t get_info(const KilnModel* m, int32_t index, int output, KilnTensorInfo* info) {
+  const char* fn = output ? "KilnModelGetOutputInfo" : "KilnModelGetInputInfo";
+  int32_t count = m ? (output ? m->desc->num_outputs : m->desc->num_inputs) : 0;
+  int32_t s = check_index(m, index, count, fn, output ? "output" : "input");
+  if (s != KILN_OK) return s;
+  if (!info) return FAIL(KILN_ERR_ARGUMENT, "%s: info is NULL", fn);
+  const KilnNamedEntry* ne = output ? &m->desc->outputs[index] : &m->desc->inputs[index];
   const KilnEntryDesc* e = &m->desc->entries[ne->entry];
   info->name = ne->name;
   info->ndim = e->ndim;
   info->shape = m->desc->shapes + e->shape_offset;
   info->dtype = e->dtype;
   info->nbytes = e->nbytes;
+  return KILN_OK;
 }
 
 KILN_DLL int32_t KilnModelGetInputInfo(const KilnModel* m, int32_t index, KilnTensorInfo* info) {
-  int32_t s = check_index(m, index, m ? m->desc->num_inputs : 0, "KilnModelGetInputInfo", "input");
-  if (s != KILN_OK) return s;
-  if (!info) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetInputInfo: info is NULL");
-  fill_info(m, &m->desc->inputs[index], info);
-  return KILN_OK;
+  return get_info(m, index, 0, info);
 }
 
 KILN_DLL int32_t KilnModelGetOutputInfo(const KilnModel* m, int32_t index, KilnTensorInfo* info) {
-  int32_t s = check_index(m, index, m ? m->desc->num_outputs : 0, "KilnModelGetOutputInfo", "output");
-  if (s != KILN_OK) return s;
-  if (!info) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutputInfo: info is NULL");
-  fill_info(m, &m->desc->outputs[index], info);
-  return KILN_OK;
+  return get_info(m, index, 1, info);
 }
 
 /* ---------------- inputs / run / outputs ---------------- */
@@ -507,7 +504,7 @@ KILN_DLL int32_t KilnModelSetInput(KilnModel* m, int32_t index, const void* data
   if (nbytes != e->nbytes) {
     char a[160], b[32];
     return FAIL(KILN_ERR_SHAPE, "KilnModelSetInput: input '%s' is %s %s = %llu bytes, got %llu bytes", in->name,
-                dtype_text(e->dtype, b, sizeof b), shape_text(e->ndim, m->desc->shapes + e->shape_offset, a, sizeof a),
+                dtype_text(e->dtype, b, sizeof b), KilnShapeText(e->ndim, m->desc->shapes + e->shape_offset, a, sizeof a),
                 (unsigned long long)e->nbytes, (unsigned long long)nbytes);
   }
   pthread_mutex_lock(&m->mu);
@@ -541,8 +538,8 @@ KILN_DLL int32_t KilnModelSetInputTensor(KilnModel* m, int32_t index, const DLTe
   for (int32_t k = 0; same && k < e->ndim; ++k) same = t->shape[k] == want[k];
   if (!same)
     return FAIL(KILN_ERR_SHAPE, "KilnModelSetInputTensor: input '%s' expects shape %s, got %s", in->name,
-                shape_text(e->ndim, want, a, sizeof a),
-                t->shape || t->ndim == 0 ? shape_text(t->ndim, t->shape, b, sizeof b) : "(NULL shape)");
+                KilnShapeText(e->ndim, want, a, sizeof a),
+                t->shape || t->ndim == 0 ? KilnShapeText(t->ndim, t->shape, b, sizeof b) : "(NULL shape)");
   if (t->strides) {
     int64_t expect = 1;
     for (int32_t k = e->ndim - 1; k >= 0; --k) {
