@@ -238,6 +238,20 @@ def test_graph_on_a_device_is_refused_with_the_reason():
     assert "which no module compiled into this library defines" in src
 
 
+def test_graph_with_dynamic_dims_is_refused_with_the_reason():
+    g = {
+        "nodes": [{"op": "null", "name": "x", "inputs": []},
+                  {"op": "tvm_op", "name": "k", "inputs": [[0, 0, 0]],
+                   "attrs": {"func_name": "kern", "num_inputs": "1", "num_outputs": "1", "flatten_data": "0"}}],
+        "arg_nodes": [0], "heads": [[1, 0, 0]], "node_row_ptr": [0, 1, 2],
+        "attrs": {"dltype": ["list_str", ["float32", "float32"]], "shape": ["list_shape", [[4], [4]]],
+                  "storage_id": ["list_int", [0, 1]], "sym_shape": ["list_sym_shape", [["n"], ["n"]]],
+                  "dim_ranges": ["list_dim_range", [["n", 1, 4]]]},
+    }
+    src = model_api.model_api_source(load_graph_json(g), [], "default", {"kern"})
+    assert "dynamic dimensions (n in 1..4)" in src and "kern(" not in src
+
+
 def test_cli_builds_static_library_params_file_and_headers(tmp_path):
     from kiln.cli import main
 

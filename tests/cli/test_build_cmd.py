@@ -70,7 +70,7 @@ def test_unsupported_op_lists_them(tmp_path):
     assert not os.path.exists(tmp_path / "x.so")
 
 
-@pytest.mark.parametrize("spec", ["x:1,3,a,8", "x", ":1,3", "x:1,0,8,8"])
+@pytest.mark.parametrize("spec", ["x:1,3,a-b,8", "x:1,3,2.5,8", "x", ":1,3", "x:1,0,8,8"])
 def test_bad_input_shape(model, tmp_path, spec):
     assert_user_error(kiln("build", model, "-o", str(tmp_path / "x.so"), "--input-shape", spec), "--input-shape")
 

@@ -97,7 +97,8 @@ def test_graph_errors(built, tmp_path):
     model, _ = built
     assert_user_error(kiln("inspect", model, "--graph", str(tmp_path / "g.bmp")), "format")
     assert_user_error(kiln("inspect", str(tmp_path / "none.onnx"), "--graph", str(tmp_path / "g.dot")), "not found")
-    assert_user_error(kiln("inspect", model, "--input-shape", "x:1,3,q"), "--input-shape")
+    assert_user_error(kiln("inspect", model, "--input-shape", "x:1,3,q+1"), "--input-shape")
+    assert_user_error(kiln("inspect", model, "--dim", "q=0..4"), "1 <= lo <= hi")
 
 
 def test_svg_falls_back_to_dot_without_graphviz(built, tmp_path):

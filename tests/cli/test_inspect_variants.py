@@ -63,15 +63,15 @@ def test_variants_json_and_dynamic_shapes(variant_model):
 
 
 def test_types_and_variants_together_and_folded_ops(tmp_path):
-    # Unique on a runtime value cannot run; Unique on an initializer is evaluated at import.
-    nodes = [N("Unique", ["x"], ["u"], name="uq_runtime"), N("Unique", ["k"], ["kk"], name="uq_const"),
+    # DFT (no converter) on a runtime value cannot run; on an initializer it is evaluated at import.
+    nodes = [N("DFT", ["x"], ["u"], name="uq_runtime"), N("DFT", ["k"], ["kk"], name="uq_const"),
              N("Add", ["x", "kk"], ["y"]), N("Reshape", ["x", "s"], ["r"], name="dyn")]
-    path = _save(tmp_path / "m.onnx", nodes, [("x", TensorProto.FLOAT, [3]), ("s", TensorProto.INT64, [1])],
-                 ["u", "y", "r"], {"k": np.array([2.0, 1.0, 2.0, 3.0], np.float32)})
+    path = _save(tmp_path / "m.onnx", nodes, [("x", TensorProto.FLOAT, [1, 3, 1]), ("s", TensorProto.INT64, [1])],
+                 ["u", "y", "r"], {"k": np.array([[[2.0], [1.0], [3.0]]], np.float32)}, opset=17)
     proc = kiln("inspect", path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert "kiln support: UNSUPPORTED op types: Unique" in lines
+    assert "kiln support: UNSUPPORTED op types: DFT" in lines
     assert "kiln support: 2 node(s) cannot be converted:" in lines
     assert any("'uq_runtime'" in ln for ln in lines) and any("'dyn'" in ln for ln in lines)
     assert not any("'uq_const'" in ln for ln in lines)

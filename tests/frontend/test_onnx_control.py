@@ -1,5 +1,6 @@
 """ONNX Loop with a compile-time trip count (unrolled at import) and If with a condition known at
-import (the chosen branch inlined), vs ONNX Runtime."""
+import (the chosen branch inlined), vs ONNX Runtime; decided at run time they become IR ``loop`` /
+``if`` nodes (built and run end to end in ``tests/executor/test_control_flow.py``)."""
 
 import numpy as np
 import pytest
@@ -76,10 +77,19 @@ def test_loop_through_the_backend_compiles():
         assert_close(g, w)
 
 
-def test_loop_runtime_trip_count_is_unsupported():
+def test_loop_runtime_trip_count_with_scan_outputs_is_unsupported():
     model, _ = _loop_model()
-    with pytest.raises(UnsupportedOpError, match="trip count M must be a constant"):
+    with pytest.raises(UnsupportedOpError, match="trip count M.*scan output"):
         kiln.frontend.from_onnx(model, freeze={"cond": np.array(True)})
+
+
+@pytest.mark.parametrize("m,stop_at", [(4, None), (0, None), (6, 2)])
+def test_loop_decided_at_run_time_becomes_a_loop_node(m, stop_at):
+    model, feeds = _loop_model(scan=False, stop_at=stop_at)
+    feeds["m"] = np.array(m, np.int64)
+    got, mod = run_kiln(model, feeds)
+    assert [n.op for n in mod.nodes if n.op != "constant"] == ["loop"]
+    assert_close(got[0], run_ort(model, feeds)[0], what="Loop output")
 
 
 def test_loop_body_ops_are_checked_up_front():
@@ -127,14 +137,18 @@ def test_if_with_a_condition_known_at_import_inlines_the_branch(cols):
     assert ("multiply" in ops) == (cols > 2) and ("subtract" in ops) == (cols <= 2)  # only one branch
 
 
-def test_if_with_a_runtime_condition_is_unsupported():
+@pytest.mark.parametrize("c", [True, False])
+def test_if_with_a_runtime_condition_becomes_an_if_node(c):
     def branch(name, op):
         return helper.make_graph([helper.make_node(op, ["x"], [name + "_y"])], name, [],
                                  [helper.make_tensor_value_info(name + "_y", TensorProto.FLOAT, None)])
     nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch("t", "Identity"), else_branch=branch("e", "Neg"))]
-    model = make_model(nodes, {"c": np.array(True), "x": rand(3)}, ["y"])
-    with pytest.raises(UnsupportedOpError, match="If node .*computed from the model's inputs at run time"):
-        kiln.frontend.from_onnx(model)
+    feeds = {"c": np.array(c), "x": rand(3)}
+    model = make_model(nodes, feeds, ["y"])
+    got, mod = run_kiln(model, feeds)
+    (node,) = mod.nodes
+    assert node.op == "if" and [v.name for v in node.inputs] == ["c", "x"]  # x captured
+    assert_close(got[0], run_ort(model, feeds)[0], what="If output")
 
 
 def _scan_body():

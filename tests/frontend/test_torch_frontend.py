@@ -251,15 +251,13 @@ def test_unsupported_variant_names_fx_node():
         kiln.frontend.from_torch(m, (torch.randn(1, 2, 2, 2, 2),))
 
 
-def test_dynamic_shapes_rejected():
+def test_unbounded_dynamic_dim_asks_for_a_maximum():
+    # dynamic shapes are supported (tests/frontend/test_torch_dynamic.py); a Dim without max is not
     m = nn.Linear(4, 2)
     x = torch.randn(3, 4)
     batch = torch.export.Dim("batch")
-    with pytest.raises(UnsupportedOpError, match="dynamic_shapes is not supported yet"):
+    with pytest.raises(InputError, match="max"):
         kiln.frontend.from_torch(m, (x,), dynamic_shapes={"input": {0: batch}})
-    ep = torch.export.export(m, (x,), dynamic_shapes={"input": {0: batch}})
-    with pytest.raises(UnsupportedOpError, match="dynamic dims .* not supported yet"):
-        kiln.frontend.from_exported_program(ep)
 
 
 def test_duplicate_registration_rejected():

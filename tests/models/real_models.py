@@ -71,7 +71,23 @@ def resnet18() -> tuple[str, dict[str, np.ndarray]]:
 
 
 @functools.cache
-def minilm(seq: int = 128) -> tuple[str, dict[str, np.ndarray]]:
+def resnet18_dynamic() -> str:
+    """torchvision's ResNet-18 exported with a dynamic batch (``dim_param`` ``batch``)."""
+    torch = pytest.importorskip("torch")
+    tv_models = torchvision_models()
+    torch.manual_seed(0)
+    model = tv_models.resnet18(weights=None).eval()
+    path = os.path.join(_dir(), "resnet18_dynamic.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(2, 3, 224, 224),), path, input_names=["data"], output_names=["logits"],
+                          opset_version=17, dynamo=False, dynamic_axes={"data": {0: "batch"}, "logits": {0: "batch"}})
+    return path
+
+
+@functools.cache
+def _minilm_module():
+    """The random-weight MiniLM-sized BERT encoder (``input_ids, attention_mask -> hidden``)."""
     torch = pytest.importorskip("torch")
     _import_torchvision_if_installed()  # transformers imports it: make that import work first
     transformers = pytest.importorskip("transformers")
@@ -88,15 +104,42 @@ def minilm(seq: int = 128) -> tuple[str, dict[str, np.ndarray]]:
         def forward(self, input_ids, attention_mask):
             return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    model = Encoder().eval()
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 30522, (1, seq)).astype("int64")
-    mask = np.ones((1, seq), dtype="int64")
-    mask[0, seq * 3 // 4:] = 0  # padding at the end, as a batch of unequal sentences has
-    path = os.path.join(_dir(), f"minilm_{seq}.onnx")
+    return Encoder().eval()
+
+
+def minilm_feeds(batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Token ids and an attention mask whose rows end in padding of different lengths."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 30522, (batch, seq)).astype("int64")
+    mask = np.ones((batch, seq), dtype="int64")
+    for b in range(batch):
+        mask[b, max(1, seq * 3 // 4 - b):] = 0  # padding at the end, as a batch of unequal sentences has
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _export_minilm(path: str, feeds: dict[str, np.ndarray], dynamic_axes: dict | None = None) -> None:
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.from_numpy(ids), torch.from_numpy(mask)), path,
-                          input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
-                          opset_version=17, dynamo=False)
-    return path, {"input_ids": ids, "attention_mask": mask}
+        torch.onnx.export(_minilm_module(), tuple(torch.from_numpy(v) for v in feeds.values()), path,
+                          input_names=list(feeds), output_names=["last_hidden_state"], opset_version=17,
+                          dynamo=False, dynamic_axes=dynamic_axes)
+
+
+@functools.cache
+def minilm(seq: int = 128) -> tuple[str, dict[str, np.ndarray]]:
+    feeds = minilm_feeds(1, seq)
+    path = os.path.join(_dir(), f"minilm_{seq}.onnx")
+    _export_minilm(path, feeds)
+    return path, feeds
+
+
+@functools.cache
+def minilm_dynamic() -> str:
+    """The same encoder exported with dynamic ``batch`` and ``seq`` (``dim_param`` s)."""
+    path = os.path.join(_dir(), "minilm_dynamic.onnx")
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+            "last_hidden_state": {0: "batch", 1: "seq"}}
+    _export_minilm(path, minilm_feeds(2, 16), axes)
+    return path

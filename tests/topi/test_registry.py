@@ -11,7 +11,12 @@ from kiln.topi import registry
 
 
 def test_every_ir_op_has_a_compute() -> None:
-    missing = [op for op in list_ops() if op != "constant" and not topi.has_compute(op)]
+    from kiln.ir.ops.control import CONTROL_OPS  # run by the executor, never lowered to a kernel
+
+    # a tensor-expression compute, or a kernel written as loop IR (data-dependent outputs)
+    missing = [op for op in list_ops()
+               if op != "constant" and op not in CONTROL_OPS and not topi.has_compute(op)
+               and topi.get_prim_kernel(op) is None]
     assert missing == []
     assert not topi.has_compute("constant")
 
@@ -39,8 +44,13 @@ def _case_modules() -> list:
     return mods
 
 
+#: Computes whose op only exists on symbolic dims, so a static harness case cannot build them;
+#: each is tested through a dynamic graph instead (the test named).
+_DYNAMIC_ONLY = {"dim_value": "tests/topi/test_data_dependent.py::test_dim_value_reads_runtime_extents"}
+
+
 def test_every_compute_is_tested() -> None:
-    tested = {c.op for m in _case_modules() for c in m.CASES}
+    tested = {c.op for m in _case_modules() for c in m.CASES} | set(_DYNAMIC_ONLY)
     assert sorted(set(topi.list_computes()) - tested) == []
 
 

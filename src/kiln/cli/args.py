@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from ..runtime.errors import InputError, KilnFileNotFoundError
 
 __all__ = [
     "DEFAULT_CLI_TARGET", "add_target_option", "add_input_shape_option", "parse_input_shapes",
+    "parse_dim_ranges",
     "parse_input_files", "require_file", "model_kind", "check_target",
 ]
 
@@ -26,7 +28,8 @@ __all__ = [
 #: own default stays the portable ``"llvm"`` (x86-64 baseline) as in TVM.
 DEFAULT_CLI_TARGET = "llvm -mcpu=native"
 
-_SHAPE_HELP = "expected NAME:D1,D2,... (e.g. data:1,3,224,224)"
+_SHAPE_HELP = ("expected NAME:D1,D2,... with integer or named dims (e.g. data:1,3,224,224 or "
+               "input_ids:1,seq with --dim seq=1..512)")
 
 
 # ------------------------------------------------------------------------------ options
@@ -36,13 +39,39 @@ def add_target_option(parser: argparse._ActionsContainer, help: str) -> None:
 
 
 def add_input_shape_option(parser: argparse._ActionsContainer, help: str) -> None:
-    """Add the repeatable ``--input-shape NAME:DIMS`` (read with :func:`parse_input_shapes`)."""
+    """Add the repeatable ``--input-shape NAME:DIMS`` (read with :func:`parse_input_shapes`) and
+    ``--dim NAME=LO..HI`` (read with :func:`parse_dim_ranges`)."""
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS", help=help)
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=LO..HI",
+                        help="range of a dynamic dimension (an ONNX dim_param or a name used in --input-shape), "
+                             "e.g. seq=1..512; the library accepts every size in the range (repeatable)")
+
+
+def parse_dim_ranges(specs: Sequence[str] | None) -> dict[str, tuple[int, int]]:
+    """Parse ``--dim`` values ``seq=1..512`` into ``{"seq": (1, 512)}``.
+
+    Raises
+    ------
+    InputError
+        On a malformed spec, a bad range or a repeated name.
+    """
+    from ..runtime import sym
+
+    out: dict[str, tuple[int, int]] = {}
+    for spec in specs or ():
+        name, rng = sym.parse_range(spec)
+        if name in out:
+            raise InputError(f"bad --dim: dimension {name!r} given twice")
+        out[name] = rng
+    return out
 
 
 # ------------------------------------------------------------------------------ parsing
-def parse_input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]]:
+def parse_input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int | str, ...]]:
     """Parse ``--input-shape`` values ``name:1,3,224,224`` into ``{name: (1, 3, 224, 224)}``.
+
+    A dim that is a name (``input_ids:1,seq``) is a dynamic dimension; its range comes from
+    ``--dim`` (:func:`parse_dim_ranges`).
 
     The shape is what follows the *last* colon (so TensorFlow-style names such as
     ``input:0:1,3,8,8`` work); dimensions are separated by commas (or ``x``); an empty shape
@@ -55,7 +84,7 @@ def parse_input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]
 
     Returns
     -------
-    dict of str to tuple of int
+    dict of str to tuple of (int or str)
         Shape per input name, in the order given.
 
     Raises
@@ -63,21 +92,22 @@ def parse_input_shapes(specs: Sequence[str] | None) -> dict[str, tuple[int, ...]
     InputError
         On a malformed spec or a repeated name.
     """
-    shapes: dict[str, tuple[int, ...]] = {}
+    shapes: dict[str, tuple[int | str, ...]] = {}
     for spec in specs or ():
         name, sep, dims = spec.rpartition(":")
         if not sep or not name:
             raise InputError(f"bad --input-shape {spec!r}: {_SHAPE_HELP}")
-        dims = dims.strip().replace("x", ",").replace("X", ",")
+        dims = dims.strip()
+        if not re.search(r"[A-Za-z_]", dims.replace("x", "").replace("X", "")):
+            dims = dims.replace("x", ",").replace("X", ",")  # 1x3x224x224
         if dims in ("", "()", "[]"):
-            shape: tuple[int, ...] = ()
+            shape: tuple[int | str, ...] = ()
         else:
             parts = [p.strip() for p in dims.strip("()[]").split(",")]
-            try:
-                shape = tuple(int(p) for p in parts)
-            except ValueError:
-                raise InputError(f"bad --input-shape {spec!r}: dimensions must be integers; {_SHAPE_HELP}") from None
-            if any(d <= 0 for d in shape):
+            if not all(re.fullmatch(r"\d+|[A-Za-z_][A-Za-z0-9_]*", p) for p in parts):
+                raise InputError(f"bad --input-shape {spec!r}: dimensions must be integers or names; {_SHAPE_HELP}")
+            shape = tuple(int(p) if p.isdigit() else p for p in parts)
+            if any(isinstance(d, int) and d <= 0 for d in shape):
                 raise InputError(f"bad --input-shape {spec!r}: dimensions must be positive; {_SHAPE_HELP}")
         if name in shapes:
             raise InputError(f"bad --input-shape: input {name!r} given twice")

@@ -16,12 +16,12 @@ from typing import Any
 
 from ..runtime.errors import InputError
 from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target, model_kind,
-                   parse_input_shapes, require_file)
+                   parse_dim_ranges, parse_input_shapes, require_file)
 from .build_steps import build_model, build_progress
 from .compare import ort_feed, ort_session, require_onnxruntime
 from .fmt import fmt_seconds
 from .latency import format_latency_table, latency_stats
-from .library import create_graph_module, load_factory, random_inputs, set_threads
+from .library import create_graph_module, input_shapes, load_factory, random_inputs, set_threads
 
 __all__ = ["register", "run"]
 
@@ -85,11 +85,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if is_onnx:
             shapes = parse_input_shapes(args.input_shape)
+            dim_ranges = parse_dim_ranges(args.dim)
             check_target(args.target)
             tmpdir = tempfile.TemporaryDirectory(prefix="kiln_bench_")
             lib_path = os.path.join(tmpdir.name, "model.so")
             prog = build_progress(enabled=not args.json)
-            res = build_model(args.path, target=args.target, shapes=shapes, opt_level=args.opt_level,
+            res = build_model(args.path, target=args.target, shapes=shapes, dim_ranges=dim_ranges,
+                              opt_level=args.opt_level,
                               output=lib_path, progress=prog)
             result["build_seconds"] = res.progress.total
         else:
@@ -97,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
         factory = load_factory(lib_path)
         m = create_graph_module(factory)
         threads = set_threads(args.threads, factory)
-        shapes_in, dtypes_in = m.get_input_info()
+        _, dtypes_in = m.get_input_info()
+        # a dynamic library runs at the --input-shape sizes given (else its upper bounds)
+        given = {k: v for k, v in parse_input_shapes(args.input_shape).items()
+                 if all(isinstance(d, int) for d in v)}
+        shapes_in = input_shapes(m, given)
         inputs = random_inputs(shapes_in, dtypes_in, seed=args.seed)
         m.set_input(**inputs)
         for _ in range(args.warmup):

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..runtime.errors import InputError
 from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target,
-                   parse_input_shapes, require_file)
+                   parse_dim_ranges, parse_input_shapes, require_file)
 from .build_steps import build_model, build_progress
 from .fmt import fmt_bytes, fmt_seconds
 from .graph_stats import graph_json_stats, memory_text
@@ -68,12 +68,13 @@ def run(args: argparse.Namespace) -> int:
     if not out.endswith((".so", ".a", ".tar")):
         raise InputError(f"-o {out}: the output must end in .so, .a or .tar")
     shapes = parse_input_shapes(args.input_shape)
+    dim_ranges = parse_dim_ranges(args.dim)
     require_file(args.model, "model")
     check_target(args.target)
     if args.tuning_log:
         require_file(args.tuning_log, "tuning log")
     prog = build_progress(enabled=not args.quiet)
-    res = build_model(args.model, target=args.target, shapes=shapes, opt_level=args.opt_level,
+    res = build_model(args.model, target=args.target, shapes=shapes, dim_ranges=dim_ranges, opt_level=args.opt_level,
                       link_params=args.link_params, output=out, progress=prog, tuning_log=args.tuning_log,
                       params_file=args.params_file,
                       isa_levels=args.isa_levels.split(",") if args.isa_levels else None)

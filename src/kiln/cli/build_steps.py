@@ -86,7 +86,8 @@ class BuildResult:
     module: Any = None
 
 
-def build_model(model_path: str, *, target: str = "llvm", shapes: Mapping[str, Sequence[int]] | None = None,
+def build_model(model_path: str, *, target: str = "llvm", shapes: Mapping[str, Sequence[int | str]] | None = None,
+                dim_ranges: Mapping[str, tuple[int, int]] | None = None,
                 opt_level: int = 3, link_params: bool = False, output: str | None = None,
                 progress: Progress | None = None, tuning_log: str | None = None,
                 params_file: str | None = None, isa_levels: Sequence[str] | None = None) -> BuildResult:
@@ -110,7 +111,7 @@ def build_model(model_path: str, *, target: str = "llvm", shapes: Mapping[str, S
     prog = progress or build_progress(enabled=False)
     check_target(target)
     with prog.stage("import"):
-        graph, params = import_onnx(model_path, shapes)
+        graph, params = import_onnx(model_path, shapes, dim_ranges)
         nops = sum(1 for n in graph.nodes if n.op != "constant")
         prog.details["import"] = f"{nops} ops, {len(params)} params"
 

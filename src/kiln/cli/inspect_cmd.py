@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ..runtime import cpu_features
 from ..runtime.errors import FormatError, InputError, KilnError, KilnFileNotFoundError
 from .args import (DEFAULT_CLI_TARGET, add_input_shape_option, add_target_option, check_target,
-                   parse_input_shapes, require_file)
+                   parse_dim_ranges, parse_input_shapes, require_file)
 from .fmt import fmt_bytes
 from .graph_stats import graph_json_stats, memory_text
 from .model_io import import_onnx, is_pt2, load_onnx_model, load_pt2
@@ -415,16 +415,22 @@ def compiled_model_info(path: str) -> dict[str, Any] | None:
         "nop_aliases": st.nop_calls,
         "memory": st.memory(),
         "param_names": sorted(params),
+        "dim_ranges": {k: list(v) for k, v in graph.dim_ranges.items()},
     }
 
 
+def _entry_dims(g: Graph, eid: int) -> list[int | str]:
+    """An entry's dims: symbolic ones (a dynamic library) as their expressions."""
+    return list(g.sym_shape[eid] if g.sym_shape is not None else g.shape[eid])
+
+
 def _graph_inputs(g: Graph, params: set[str]) -> list[dict[str, Any]]:
-    return [{"name": g.nodes[n].name, "shape": list(g.shape[g.entry_id(n)]), "dtype": g.dltype[g.entry_id(n)]}
+    return [{"name": g.nodes[n].name, "shape": _entry_dims(g, g.entry_id(n)), "dtype": g.dltype[g.entry_id(n)]}
             for n in g.arg_nodes if g.nodes[n].name not in params]
 
 
 def _graph_outputs(g: Graph) -> list[dict[str, Any]]:
-    return [{"shape": list(g.shape[g.entry_id(n, i)]), "dtype": g.dltype[g.entry_id(n, i)]} for n, i, _ in g.heads]
+    return [{"shape": _entry_dims(g, g.entry_id(n, i)), "dtype": g.dltype[g.entry_id(n, i)]} for n, i, _ in g.heads]
 
 
 def _tensor_line(t: dict[str, Any]) -> str:
@@ -440,6 +446,9 @@ def _format_compiled_model(m: dict[str, Any], functions: Any = ()) -> str:
                      "list below holds the inputs and the linked params)")
     lines += [f"  {'arg   ' if linked else 'input '} {_tensor_line(t)}" for t in m["inputs"]]
     lines += [f"  output {i}: {_tensor_line(t)}" for i, t in enumerate(m["outputs"])]
+    if m.get("dim_ranges"):
+        lines.append("  dynamic dims: " + ", ".join(f"{k} in {lo}..{hi}" for k, (lo, hi) in m["dim_ranges"].items())
+                     + " (memory planned for the upper bounds)")
     lines.append(f"  kernels: {m['kernel_calls']} calls, {m['unique_functions']} unique functions"
                  + (f", {m['nop_aliases']} __nop aliases" if m["nop_aliases"] else ""))
     lines.append(f"  params: {m['params']['count']} tensors, {fmt_bytes(m['params']['bytes'])}")
@@ -447,7 +456,8 @@ def _format_compiled_model(m: dict[str, Any], functions: Any = ()) -> str:
     return "\n".join(lines)
 
 
-def inspect_onnx(path: str, shapes: dict[str, Any] | None = None) -> dict[str, Any]:
+def inspect_onnx(path: str, shapes: dict[str, Any] | None = None,
+                 dim_ranges: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     """Inputs, outputs, op counts and Kiln support of an ONNX model (JSON-able dict).
 
     Support is checked by converting the model (with ``shapes`` fixing input shapes, as
@@ -489,7 +499,7 @@ def inspect_onnx(path: str, shapes: dict[str, Any] | None = None) -> dict[str, A
         unsupported = sorted(k for k in counts if k not in supported)
     except Exception:  # noqa: BLE001 - the frontend is optional for a plain summary
         unsupported = None
-    conversion = _conversion_check(model, shapes) if unsupported is not None else None
+    conversion = _conversion_check(model, shapes, dim_ranges) if unsupported is not None else None
     if conversion is not None and conversion["checked"]:
         # Op types without a converter that are not evaluated at import (constant inputs) are
         # the ones conversion reports by type; a folded one is supported in this model.
@@ -604,14 +614,15 @@ def _format_pt2(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _conversion_check(model: Any, shapes: dict[str, Any] | None) -> dict[str, Any]:
+def _conversion_check(model: Any, shapes: dict[str, Any] | None,
+                      dim_ranges: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
     """Every node the ONNX frontend cannot convert (``checked`` False, with the ``reason``,
     when the model as a whole cannot be converted, e.g. for dynamic input shapes)."""
     from ..frontend.onnx.converter import conversion_errors
     from ..runtime.errors import KilnError
 
     try:
-        errors, skipped = conversion_errors(model, shapes or None)
+        errors, skipped = conversion_errors(model, shapes or None, dim_ranges=dim_ranges or None)
     except KilnError as err:
         return {"checked": False, "reason": str(err)}
     return {"checked": True, "errors": errors, "skipped_nodes": skipped}
@@ -640,7 +651,7 @@ def _format_onnx(info: dict[str, Any]) -> str:
         lines += [f"  {e['error']}" for e in errors]
     elif conv and not conv["checked"]:
         lines.append(f"kiln support: op variants (attributes, ranks, dtypes) not checked: {conv['reason']} "
-                     "(--input-shape NAME:D1,D2,... fixes an input's shape)")
+                     "(--input-shape NAME:D1,D2,... fixes an input's shape; --dim NAME=LO..HI keeps a dim dynamic)")
     return "\n".join(lines)
 
 
@@ -651,15 +662,16 @@ def _run_extended(args: argparse.Namespace) -> int:
     is_onnx = path.lower().endswith(".onnx")
     if is_onnx or is_pt2(path):
         shapes = parse_input_shapes(args.input_shape)
+        dim_ranges = parse_dim_ranges(args.dim)
         graph: Any = None  # imported only when --ir, --plan or --graph needs the IR
         params: Any = None
         info: dict[str, Any]
         if is_onnx:
             require_file(path, "ONNX model")
-            info = inspect_onnx(path, shapes)
+            info = inspect_onnx(path, shapes, dim_ranges)
             text = [_format_onnx(info)]
             if args.ir or args.plan or args.graph:
-                graph, params = import_onnx(path, shapes)
+                graph, params = import_onnx(path, shapes, dim_ranges)
         else:
             if shapes:
                 raise InputError(f"--input-shape does not apply to {path}: a torch.export "

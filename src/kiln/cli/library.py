@@ -102,6 +102,24 @@ def set_threads(n: int | None, *modules: Any) -> int | None:
     return effective
 
 
+def input_shapes(m: Any, given: Mapping[str, Sequence[int | str]] | None = None) -> dict[str, tuple[int, ...]]:
+    """Every input's shape for a run: a dynamic library's symbols take their values from the
+    shapes in ``given`` (arrays' shapes or ``--input-shape`` values), else their upper bounds."""
+    from ..runtime import sym
+
+    shapes, _ = m.get_input_info()
+    ranges = m.dim_ranges
+    if not ranges:
+        return dict(shapes)
+    dims = m.get_input_dims()
+    env = {n: hi for n, (_, hi) in ranges.items()}
+    for name, shape in (given or {}).items():
+        for d, a in zip(dims.get(name, ()), shape):
+            if isinstance(d, str) and d in ranges:
+                env[d] = int(a)
+    return {n: tuple(d if isinstance(d, int) else sym.evaluate(d, env) for d in ds) for n, ds in dims.items()}
+
+
 def random_inputs(shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str], seed: int = 0
                   ) -> dict[str, np.ndarray]:
     """Deterministic random inputs: normal floats, small non-negative ints, random bools."""

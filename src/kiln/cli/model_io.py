@@ -50,8 +50,12 @@ def load_pt2(path: str) -> Any:
                           f"({type(err).__name__}: {err})") from None
 
 
-def import_pt2(path: str, shapes: Mapping[str, Sequence[int]] | None = None) -> tuple[Any, dict[str, Any]]:
+def import_pt2(path: str, shapes: Mapping[str, Sequence[int | str]] | None = None,
+               dim_ranges: Mapping[str, tuple[int, int]] | None = None) -> tuple[Any, dict[str, Any]]:
     """``kiln.frontend.from_exported_program`` of a ``.pt2`` archive; returns ``(graph, params)``.
+
+    ``dim_ranges`` (``--dim``) narrows the ranges of the program's dynamic dims (its
+    ``torch.export.Dim`` s, by name or torch's symbol name).
 
     Raises
     ------
@@ -65,6 +69,8 @@ def import_pt2(path: str, shapes: Mapping[str, Sequence[int]] | None = None) -> 
         raise InputError(f"--input-shape does not apply to {path}: a torch.export program's "
                          f"input shapes are fixed when it is exported (export it again with "
                          f"example inputs of the shape you want)")
+    if dim_ranges:
+        return frontend.from_exported_program(load_pt2(path), dim_ranges=dict(dim_ranges))
     return frontend.from_exported_program(load_pt2(path))
 
 
@@ -89,7 +95,8 @@ def load_onnx_model(path: str) -> Any:
         raise FormatError(f"{path}: not a readable ONNX model ({type(err).__name__}: {err})") from None
 
 
-def import_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int]] | None = None) -> tuple[Any, dict[str, Any]]:
+def import_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int | str]] | None = None,
+                dim_ranges: Mapping[str, tuple[int, int]] | None = None) -> tuple[Any, dict[str, Any]]:
     """``kiln.frontend.from_onnx`` with ``--input-shape`` overrides; returns ``(graph, params)``.
 
     A path ending in ``.pt2`` is a ``torch.export`` archive and goes to :func:`import_pt2`, so
@@ -103,7 +110,7 @@ def import_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int]] | None =
     from .. import frontend
 
     if is_pt2(path_or_model):
-        return import_pt2(path_or_model, shapes)
+        return import_pt2(path_or_model, shapes, dim_ranges)
     model = load_onnx_model(path_or_model) if isinstance(path_or_model, str) else path_or_model
     if shapes:
         inits = {t.name for t in model.graph.initializer}
@@ -111,4 +118,6 @@ def import_onnx(path_or_model: Any, shapes: Mapping[str, Sequence[int]] | None =
         unknown = sorted(set(shapes) - set(names))
         if unknown:
             raise InputError(f"--input-shape names unknown input(s) {unknown}; the model's inputs: {names}")
+    if dim_ranges:
+        return frontend.from_onnx(model, shape=dict(shapes) if shapes else None, dim_ranges=dict(dim_ranges))
     return frontend.from_onnx(model, shape=dict(shapes) if shapes else None)

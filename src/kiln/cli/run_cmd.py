@@ -18,7 +18,7 @@ from ..runtime.errors import InputError, KilnError
 from .args import parse_input_files, require_file
 from .compare import compare_outputs, require_onnxruntime, run_onnxruntime
 from .fmt import array_summary, fmt_seconds
-from .library import create_graph_module, load_factory, random_inputs, set_threads
+from .library import create_graph_module, input_shapes, load_factory, random_inputs, set_threads
 
 __all__ = ["register", "run"]
 
@@ -64,14 +64,16 @@ def run(args: argparse.Namespace) -> int:
     m = create_graph_module(factory)
     t_load = time.perf_counter() - t0
     threads = set_threads(args.threads, factory)
-    shapes, dtypes = m.get_input_info()
+    _, dtypes = m.get_input_info()
+    shapes = input_shapes(m, {k: v.shape for k, v in given.items()})
     unknown = sorted(set(given) - set(shapes))
     if unknown:
         raise InputError(f"--input names unknown input(s) {unknown}; the library's inputs: {list(shapes)}")
     inputs = random_inputs({k: v for k, v in shapes.items() if k not in given}, dtypes, seed=args.seed)
     for name, arr in given.items():
         want = np_dtype(dtypes[name])
-        if tuple(arr.shape) != tuple(shapes[name]):
+        # a dynamic library checks the shape against its dims' ranges in set_input
+        if not m.dim_ranges and tuple(arr.shape) != tuple(shapes[name]):
             raise InputError(f"input {name!r}: {_input_file(args, name)} has shape {tuple(arr.shape)}, "
                              f"the library expects {tuple(shapes[name])}")
         if arr.dtype != want:

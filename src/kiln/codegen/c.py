@@ -34,7 +34,8 @@ from ..target.isa import isa_of
 from ..tir.dtype import bits_of, dl_code, is_bool, is_float
 from ..tir.expr import BinaryOp, Call, Cast, IntImm, Load, Not, PrimExpr, Select, Var
 from ..tir.functor import collect_vars, loop_closure, post_order_visit
-from ..tir.stmt import Allocate, Buffer, BufferStore, For, PrimFunc
+from ..tir.intrin import SET_EXTENT, set_extent_targets
+from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, PrimFunc
 from ..tir.unswitch import unswitch_loops
 from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in
 from .c_prelude import C_PRELUDE, C_PRELUDE_END
@@ -139,10 +140,12 @@ class CCodeGen(CStylePrinter):
         w(f"  if (num_args != {n}) return kiln_arg_error(\"{name}: expected {n} arguments "
           f"({', '.join(b.name for b in f.params)}), got %d\", num_args);")
         for i, b in enumerate(f.params):
-            shape = ", ".join(f"INT64_C({s})" for s in b.shape) or "0"
+            shape = ", ".join(f"INT64_C({s})" for s in b.check_shape) or "0"
             w(f"  {{ static const int64_t shape_[] = {{{shape}}};")
             w(f"    if (kiln_check_tensor(\"{name}\", {i}, \"{b.name}\", type_codes, args, {b.ndim}, shape_, "
               f"{dl_code(b.dtype)}, {bits_of(b.dtype)}) != 0) return -1; }}")
+        self._bind_dyn(f, name, w)
+        set_extent_targets(f)  # checks every reported (param, dim) names a real one
         for i, b in enumerate(f.params):
             ct = self.d.type_name(b.dtype)
             nm = self._buf_name(b)
@@ -153,6 +156,26 @@ class CCodeGen(CStylePrinter):
         w("}")
         self._chunks.extend(self._lambdas)
         self._chunks.append("\n".join(lines))
+
+    def _bind_dyn(self, f: PrimFunc, name: str, w: Any) -> None:
+        """Bind each dynamic extent from the first argument dim that carries it; later dims that
+        carry the same Var must agree (the range ``[0, max]`` is checked by the crt)."""
+        bound: dict[int, tuple[int, int]] = {}
+        for i, b in enumerate(f.params):
+            for d, v in enumerate(b.dyn or ()):
+                if v is None:
+                    continue
+                ext = f"((DLTensor*)args[{i}].v_handle)->shape[{d}]"
+                nm = self._name(v)
+                if id(v) not in bound:
+                    bound[id(v)] = (i, d)
+                    self._st.nonneg.add(v)
+                    w(f"  const {self.d.value_type(v.dtype)} {nm} = ({self.d.value_type(v.dtype)}){ext};")
+                    continue
+                j, e = bound[id(v)]
+                w(f"  if ({ext} != (int64_t){nm}) return kiln_arg_error(\"{name}: argument {i} ({b.name}) dim {d} is "
+                  f"%lld but argument {j} ({f.params[j].name}) dim {e} is %lld; both are the dynamic extent "
+                  f"{v.name}\", (long long){ext}, (long long){nm});")
 
     def finish(self) -> str:
         """The complete translation unit."""
@@ -207,6 +230,19 @@ class CCodeGen(CStylePrinter):
                 f"{t} < 0 ? {t} + {n} : {t}; }})")
 
     # ------------------------------------------------------------------ statements
+    def _evaluate(self, s: Evaluate, out: list[str], ind: int) -> None:
+        v = s.value
+        if not (isinstance(v, Call) and v.op == SET_EXTENT):
+            super()._evaluate(s, out, ind)
+            return
+        if self._st.par_depth:
+            # an outlined lambda has no ``args``; a count is final only after the loop anyway
+            raise CompileError(f"C codegen: {self._st.fname}: {SET_EXTENT} inside a parallel loop")
+        p, d = v.args[0], v.args[1]
+        assert isinstance(p, IntImm) and isinstance(d, IntImm)  # set_extent_targets checked them
+        out.append(f"{'  ' * ind}((DLTensor*)args[{p.value}].v_handle)->shape[{d.value}] = "
+                   f"(int64_t)({self.expr(v.args[2])});")
+
     def _allocate(self, s: Allocate, out: list[str], ind: int) -> None:
         pad = "  " * ind
         b = s.buffer

@@ -61,6 +61,7 @@ from typing import Any, Sequence
 from ..runtime.errors import CompileError
 from ..tir.expr import Call, FloatImm, IntImm, Load, PrimExpr, Var
 from ..tir.functor import post_order_visit
+from ..tir.intrin import SET_EXTENT, set_extent_targets
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, SeqStmt, Stmt
 from .cstyle import C_KEYWORDS, CDialect, CStylePrinter, Scope
 
@@ -203,6 +204,12 @@ class GPUSourceGenerator(CStylePrinter):
         """Generate the kernels of ``f`` and return its launch metadata."""
         name = f.attrs.get("global_symbol", f.name)
         self._check_symbol(name, [fi.name for fi in self.functions])
+        if set_extent_targets(f):
+            raise CompileError(f"{name}: a kernel reporting a data-dependent output extent ({SET_EXTENT}: NonZero, "
+                               f"Unique, NonMaxSuppression, ...) is not supported by the {self.d.name} code "
+                               "generator; build for a CPU target")
+        if any(b.dyn is not None for b in f.params):
+            raise CompileError(f"{name}: dynamic dimensions are not supported by the {self.d.name} code generator yet")
         for b in f.params:
             self.d.type_name(b.dtype)
         info = GPUFunctionInfo(name, [{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in f.params])

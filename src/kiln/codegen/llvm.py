@@ -6,7 +6,9 @@ Per PrimFunc ``f`` the module gets
   (messages name the function, argument index and name, expected vs. got), unpacks the
   data pointers and calls
 * ``f_compute_`` — internal, one ``noalias`` pointer per buffer (LLVM's ``restrict``, kept
-  as scoped-alias metadata when inlined), which runs the loop nest;
+  as scoped-alias metadata when inlined), which runs the loop nest; then the dynamic extents,
+  then the ``DLTensor::shape`` arrays of the outputs whose extents it reports
+  (:data:`kiln.tir.SET_EXTENT`);
 * ``f_parN`` / ``f_parN_body`` — for each parallel loop, the lambda handed to
   ``__KilnBackendParallelLaunch`` (it unpacks a closure struct and runs its chunk of the
   range) and the ``noalias`` body it calls.
@@ -35,6 +37,7 @@ from ..tir.expr import (
     CHECKED_INDEX, BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
 )
 from ..tir.functor import collect_vars, loop_closure, post_order_visit
+from ..tir.intrin import SET_EXTENT, set_extent_targets
 from ..tir.simplify import simplify
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
 from ..tir.unswitch import unswitch_loops
@@ -121,6 +124,8 @@ class _Fn:
         self.bufs: dict[int, ir.Value] = {}
         self.nonneg: set[Var] = set()
         self.par_depth = 0
+        #: parameter index -> its DLTensor's ``shape`` array (params whose extents are reported)
+        self.shapes: dict[int, ir.Value] = {}
 
 
 class LLVMCodeGen:
@@ -180,19 +185,33 @@ class LLVMCodeGen:
         if name in self.func_names:
             raise CompileError(f"LLVM codegen: two functions named {name}")
         self.func_names.append(name)
-        # internal compute function with noalias buffer pointers
-        comp = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(f.params)), name=f"{name}_compute_")
+        # internal compute function with noalias buffer pointers (and the dynamic extents, if any)
+        dvars = f.dyn_vars
+        # outputs whose data-dependent extents the kernel reports get their shape array passed in
+        reported = sorted({p for p, _ in set_extent_targets(f)})
+        comp = ir.Function(self.module, ir.FunctionType(I32, [PTR] * len(f.params)
+                                                        + [value_type(v.dtype) for v in dvars]
+                                                        + [PTR] * len(reported)),
+                           name=f"{name}_compute_")
         comp.linkage = "internal"
         st = _Fn(comp, name)
         for a, buf in zip(comp.args, f.params):
             a.add_attribute("noalias")
             a.name = buf.name
             st.bufs[id(buf.data)] = a
+        for a, v in zip(comp.args[len(f.params):], dvars):
+            a.name = v.name
+            st.vars[v] = a
+            st.nonneg.add(v)
+        for a, p in zip(comp.args[len(f.params) + len(dvars):], reported):
+            a.name = f"{f.params[p].name}_shape"
+            st.shapes[p] = a
         self._stmt(st, unswitch_loops(f.body))
         st.b.ret(ir.Constant(I32, 0))
-        self._packed_wrapper(name, f.params, comp)
+        self._packed_wrapper(name, f.params, comp, dvars, reported)
 
-    def _packed_wrapper(self, name: str, params: Sequence[Buffer], comp: ir.Function) -> None:
+    def _packed_wrapper(self, name: str, params: Sequence[Buffer], comp: ir.Function,
+                        dvars: Sequence[Var] = (), reported: Sequence[int] = ()) -> None:
         fn = ir.Function(self.module, PACKED_FTY, name=name)
         args, tcodes, nargs = fn.args[0], fn.args[1], fn.args[2]
         st = _Fn(fn, name)
@@ -207,8 +226,10 @@ class LLVMCodeGen:
             I32, [PTR, I32, PTR, PTR, PTR, I32, PTR, I8, I8]))
         fname = self._cstr(name)
         ptrs = []
+        shapes: dict[int, ir.Value] = {}
+        dims: dict[Var, ir.Value] = {}
         for i, buf in enumerate(params):
-            shape = self._const_i64_array(buf.shape)
+            shape = self._const_i64_array(buf.check_shape)
             rc = b.call(check, [fname, ir.Constant(I32, i), self._cstr(buf.name), tcodes, args,
                                 ir.Constant(I32, buf.ndim), shape, ir.Constant(I8, dl_code(buf.dtype)),
                                 ir.Constant(I8, bits_of(buf.dtype))])
@@ -223,8 +244,31 @@ class LLVMCodeGen:
             data = field(0, PTR)
             off = field(6, I64)
             ptrs.append(b.gep(data, [off], inbounds=True, source_etype=I8))
-        r = b.call(comp, ptrs)
+            if buf.dyn is not None:
+                self._bind_dyn(st, name, params, i, field(4, PTR), dims)
+            if i in reported:
+                shapes[i] = field(4, PTR)
+        r = b.call(comp, ptrs + [b.trunc(dims[v], value_type(v.dtype)) if value_type(v.dtype) != I64 else dims[v]
+                                 for v in dvars] + [shapes[i] for i in reported])
         b.ret(r)
+
+    def _bind_dyn(self, st: _Fn, name: str, params: Sequence[Buffer], i: int, shape: ir.Value,
+                  dims: dict[Var, ir.Value]) -> None:
+        """Read argument ``i``'s dynamic extents (already range-checked by the crt) into ``dims``;
+        a Var carried by an earlier argument dim must agree with it."""
+        b = st.b
+        buf = params[i]
+        for d, v in enumerate(buf.dyn or ()):
+            if v is None:
+                continue
+            ext = b.load(b.gep(shape, [ir.Constant(I64, d)], inbounds=True, source_etype=I64), typ=I64)
+            if v not in dims:
+                dims[v] = ext
+                continue
+            j, e = next((j, e) for j, p in enumerate(params) for e, u in enumerate(p.dyn or ()) if u is v)
+            self._check(st, b.icmp_signed("!=", ext, dims[v]),
+                        f"{name}: argument {i} ({buf.name}) dim {d} is %lld but argument {j} ({params[j].name}) "
+                        f"dim {e} is %lld; both are the dynamic extent {v.name}", [ext, dims[v]])
 
     def _const_i64_array(self, values: Sequence[int]) -> ir.Value:
         """A private constant ``int64_t[]`` (a null pointer when empty), shared between equal arrays."""
@@ -295,10 +339,24 @@ class LLVMCodeGen:
                 st.nonneg.add(s.var)
             self._stmt(st, s.body)
         elif isinstance(s, Evaluate):
-            if not isinstance(s.value, (IntImm, FloatImm)):
+            if isinstance(s.value, Call) and s.value.op == SET_EXTENT:
+                self._set_extent(st, s.value)
+            elif not isinstance(s.value, (IntImm, FloatImm)):
                 self._expr(st, s.value)
         else:
             raise CompileError(f"LLVM codegen: unsupported statement {type(s).__name__}")
+
+    def _set_extent(self, st: _Fn, e: Call) -> None:
+        """:data:`~kiln.tir.SET_EXTENT`: store the extent into the output DLTensor's ``shape[dim]``."""
+        p, d = e.args[0].value, e.args[1].value
+        shape = st.shapes.get(p)
+        if shape is None:  # a parallel body gets no shape arrays; a count is final after the loop
+            raise CompileError(f"LLVM codegen: {st.fname}: {SET_EXTENT} inside a parallel loop")
+        b = st.b
+        v = self._expr(st, e.args[2])
+        if v.type != I64:
+            v = b.sext(v, I64)
+        b.store(v, b.gep(shape, [ir.Constant(I64, d)], inbounds=True, source_etype=I64))
 
     def _allocate(self, st: _Fn, s: Allocate) -> None:
         b = st.b
@@ -658,6 +716,12 @@ class LLVMCodeGen:
         parallel body) for one outside ``[-n, n)``, the same message as the C codegen's."""
         b = st.b
         v = self._expr(st, e.args[0])
+        if not isinstance(e.args[1], IntImm):  # the runtime extent of a dynamic axis
+            nv = self._expr(st, e.args[1])
+            bad = b.or_(b.icmp_signed("<", v, b.neg(nv)), b.icmp_signed(">=", v, nv))
+            fmt = f"{st.fname}: %s: index %lld is out of range [-%lld, %lld)"
+            self._check(st, bad, fmt, [self._cstr(e.text), v, nv, nv])
+            return b.select(b.icmp_signed("<", v, ir.Constant(I64, 0)), _nsw(b.add(v, nv)), v)
         n = e.args[1].value
         bad = b.or_(b.icmp_signed("<", v, ir.Constant(I64, -n)), b.icmp_signed(">=", v, ir.Constant(I64, n)))
         if n == 0:

@@ -5,6 +5,7 @@ Pipeline::
     BindParams -> InferType -> FoldConstant -> Simplify -> FoldConstant -> DCE   (kiln.transform)
     -> FuseOps (opt_level >= 1; at 0 every op is its own group)              (transform.fuse)
     -> lower every unique group to a PrimFunc                                (driver.lower_graph)
+    -> compile the subgraphs of runtime control flow the same way, recursively   (_compile_control)
     -> kiln.codegen.build_module(funcs, target)                              (kernel library)
     -> graph JSON + params + memory plan                                     (driver.graph_codegen)
     -> ExecutorFactoryModule(graph_json, lib, params, mod_name)
@@ -258,13 +259,18 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
             fused, gdev = place_groups(fused, placement, dts)
         with timer.stage("lower"):
             lowered, cdev = lower_placed(fused, gdev, dts, mod_name, on_kernel=on_kernel)
+            sub_funcs, control = _compile_control(lowered, dts.primary, mod_name, opt_level, disabled)
+    if control and dts.uses_accelerator:
+        raise InputError("runtime control flow (an If / Loop decided at run time) is built for a single "
+                         "CPU target only for now")
+    funcs = lowered.funcs + sub_funcs
     with timer.stage("codegen+compile"):
         if dts.uses_accelerator:
             lib = build_libraries(lowered, cdev, dts, _empty_lib)
         else:
-            lib = codegen.build_module(lowered.funcs, dts.primary) if lowered.funcs else _empty_lib()
+            lib = codegen.build_module(funcs, dts.primary) if funcs else _empty_lib()
     with timer.stage("graph_codegen"):
-        res = _graph_codegen(graph, lowered, originals, cdev)
+        res = _graph_codegen(graph, lowered, originals, cdev, control)
     params_out: dict[str, Any] = dict(res.params)
     if link_params and params_out:
         from .linked_params import linked_params_module
@@ -282,7 +288,7 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
         num_ops=sum(1 for n in graph.nodes if n.op != "constant"),
         num_groups=len(fused.groups),
         num_kernel_calls=sum(1 for c in lowered.calls if c.func_name != "__nop"),
-        num_functions=len(lowered.funcs),
+        num_functions=len(funcs),
         memory_plan=res.memory_plan,
         timings=dict(timer.times),
         linked_params=bool(link_params and res.params),
@@ -298,10 +304,78 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
 
 
 def _graph_codegen(graph: Graph, lowered: LoweredModel, originals: Mapping[str, Any],
-                   devices: list[int] | None = None) -> GraphCodegenResult:
+                   devices: list[int] | None = None,
+                   control: Mapping[int, tuple[dict[str, Any], list[Any]]] | None = None) -> GraphCodegenResult:
     devs = devices if devices is not None else [1] * len(lowered.calls)
-    calls = [KernelCall(c.func_name, c.args, c.outputs, device=d) for c, d in zip(lowered.calls, devs)]
+    control = control or {}
+    calls = []
+    for i, (c, d) in enumerate(zip(lowered.calls, devs)):
+        if i in control:
+            # a control-flow node keeps its model name: run-time errors name it
+            attrs, extra = control[i]
+            calls.append(KernelCall(c.func_name, list(c.args) + extra, c.outputs,
+                                    c.group.nodes[0].name or "", d, attrs))
+        else:
+            calls.append(KernelCall(c.func_name, c.args, c.outputs, device=d))
     return generate_graph_json(graph, calls, originals)
+
+
+#: Per reserved control-flow function, the op attributes holding its subgraphs (graph-JSON order).
+_SUBGRAPH_ATTRS = {"__if": ("then_branch", "else_branch"), "__loop": ("body",)}
+
+
+def _compile_control(lowered: LoweredModel, target: Any, mod_name: str, opt_level: int,
+                     disabled: tuple[str, ...], depth: int = 0
+                     ) -> tuple[list[Any], dict[int, tuple[dict[str, Any], list[Any]]]]:
+    """Compile the subgraphs of every ``__if`` / ``__loop`` call of ``lowered``, recursively.
+
+    Each subgraph goes through the same pipeline (passes, fusion, lowering) with its own
+    ``mod_name`` (``<mod_name>_if3_then``: the kernels of one library stay uniquely named)
+    and becomes a nested graph JSON (``docs/graph_json_format.md``, "Control flow"). Its
+    constants are not params of its own: they become extra inputs of the control node, so the
+    parent's params blob (or linked params) holds every weight, and the node's
+    ``<attr>_params`` lists which node inputs feed the nested graph's param nodes.
+
+    Returns
+    -------
+    funcs : list of PrimFunc
+        The subgraphs' kernels.
+    control : dict
+        Call index -> (extra node attributes, extra constant inputs of the node).
+    """
+    from ..runtime.graph_json import MAX_NESTING
+
+    funcs: list[Any] = []
+    control: dict[int, tuple[dict[str, Any], list[Any]]] = {}
+    for i, c in enumerate(lowered.calls):
+        keys = _SUBGRAPH_ATTRS.get(c.func_name)
+        if keys is None:
+            continue
+        node = c.group.nodes[0]
+        if depth >= MAX_NESTING:
+            raise InputError(f"{node.op} node {node.name!r}: control flow is nested more than {MAX_NESTING} "
+                             "levels deep, more than the graph JSON allows")
+        attrs: dict[str, Any] = {}
+        extra: list[Any] = []
+        for key in keys:
+            sub = node.attrs[key].graph
+            tag = f"{mod_name}_{c.func_name.strip('_')}{i}_{key.split('_')[0]}"
+            g = optimize(sub, None, opt_level, None, disabled, target=target)
+            low = lower_fused_graph(fuse_ops(g, opt_level=opt_level), target, tag)
+            inner_funcs, inner = _compile_control(low, target, tag, opt_level, disabled, depth + 1)
+            funcs += low.funcs + inner_funcs
+            res = _graph_codegen(g, low, {}, None, inner)
+            by_eid = {e: v for v, e in res.value_entry.items()}
+            row_ptr = res.graph["node_row_ptr"]
+            params = [by_eid[row_ptr[n]] for n in res.graph["arg_nodes"][len(g.inputs):]]
+            first = len(c.args) + len(extra)
+            attrs[key] = res.graph
+            attrs[f"{key}_params"] = list(range(first, first + len(params)))
+            extra += params
+        if c.func_name == "__loop":
+            attrs["num_carried"] = str(node.attrs["num_carried"])
+        control[i] = (attrs, extra)
+    return funcs, control
 
 
 def _tuning_context(tuning_log: Any, target: Any) -> Any:

@@ -54,6 +54,8 @@ class KernelCall:
         Name of the graph JSON node (defaults to ``func_name``).
     device : int
         DLPack device type the call runs on (1 = CPU).
+    attrs : dict
+        Extra node attributes (the nested graphs of ``__if`` / ``__loop``).
     """
 
     func_name: str
@@ -61,6 +63,7 @@ class KernelCall:
     outputs: list[Value]
     node_name: str = ""
     device: int = 1
+    attrs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -140,12 +143,14 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
     dltype: list[str] = []
     shape: list[list[int]] = []
     entry_bytes: list[int] = []
+    sym_shape: list[list[int | str]] = []  # every entry's dims, symbolic ones as expressions
     ventry: dict[Value, tuple[int, int]] = {}  # value -> (node id, output index)
 
     def add_entries(vals: Sequence[Value]) -> None:
         for v in vals:
             dltype.append(v.dtype)
             shape.append([int(d) for d in v.shape])
+            sym_shape.append(list(v.type.dims))
             entry_bytes.append(v.type.nbytes)
         row_ptr.append(row_ptr[-1] + len(vals))
 
@@ -205,6 +210,7 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
                 "num_inputs": str(len(c.args)),
                 "num_outputs": str(len(c.outputs)),
                 "flatten_data": "0",
+                **c.attrs,
             },
             "inputs": [[*ventry[a], 0] for a in c.args],
         })
@@ -244,6 +250,12 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
     }
     if hetero:
         gjson["attrs"]["device_index"] = ["list_int", device_index]
+    if any(isinstance(d, str) for dims in sym_shape for d in dims):
+        # Only graphs with dynamic dimensions carry these: static graphs stay byte-identical.
+        gjson["attrs"]["sym_shape"] = ["list_sym_shape", sym_shape]
+        ranges = sorted(graph.dim_ranges.items())
+        gjson["attrs"]["dim_ranges"] = ["list_dim_range", [
+            [n, lo, hi] + (["data"] if n in graph.data_dims else []) for n, (lo, hi) in ranges]]
     return GraphCodegenResult(gjson, params, plan, {v: eid(v) for v in ventry})
 
 
@@ -267,7 +279,7 @@ def _insert_copies(graph: Graph, calls: Sequence[KernelCall]) -> tuple[list[Kern
         if c.func_name == "__nop":
             src = c.args[0]
             dev = vdev.setdefault(src, c.device)
-            out.append(KernelCall(c.func_name, list(c.args), list(c.outputs), c.node_name, dev))
+            out.append(KernelCall(c.func_name, list(c.args), list(c.outputs), c.node_name, dev, c.attrs))
             for o in c.outputs:
                 vdev[o] = dev
             continue
@@ -283,7 +295,7 @@ def _insert_copies(graph: Graph, calls: Sequence[KernelCall]) -> tuple[list[Kern
                     out.append(KernelCall("__copy", [a], [cp], "__copy", c.device))
                 a = cp
             args.append(a)
-        out.append(KernelCall(c.func_name, args, list(c.outputs), c.node_name, c.device))
+        out.append(KernelCall(c.func_name, args, list(c.outputs), c.node_name, c.device, c.attrs))
         for o in c.outputs:
             vdev[o] = c.device
     for v in graph.outputs:

@@ -111,13 +111,13 @@ def group_key(group: FusedGroup, args: Sequence[Value], inlined: Sequence[Value]
     """Structural key of a group: equal keys lower to the same kernel."""
     tok: dict[Value, Any] = {}
     for k, v in enumerate(args):
-        tok[v] = ("arg", k, v.dtype, v.shape)
+        tok[v] = ("arg", k, v.dtype, v.shape, v.type.sym)
     for v in inlined:
         tok[v] = ("const", v.dtype, v.shape, np.ascontiguousarray(v.const_value).tobytes())
     parts: list[Any] = []
     for j, n in enumerate(group.nodes):
         parts.append((n.op, _freeze(n.attrs), tuple(tok[v] for v in n.inputs),
-                      tuple((o.dtype, o.shape) for o in n.outputs)))
+                      tuple((o.dtype, o.shape, o.type.sym) for o in n.outputs)))
         for i, o in enumerate(n.outputs):
             tok[o] = ("node", j, i)
     anchor = group.nodes.index(group.anchor) if group.anchor in group.nodes else -1
@@ -173,18 +173,128 @@ def _const_tensor(v: Value, name: str) -> Any:
     return te.compute(shape, body, name=name, tag="injective")
 
 
+class _DimVars:
+    """One ``tir.Var`` per symbolic dim of a kernel: the runtime extent its code reads from
+    the argument DLTensors (``docs/dynamic_shapes.md``)."""
+
+    def __init__(self) -> None:
+        self.vars: dict[str, Any] = {}
+
+    def dyn(self, v: Value) -> tuple[Any, ...] | None:
+        """``v``'s dyn tuple (a Var per symbolic dim, one Var per distinct expression)."""
+        from .. import tir
+
+        if v.type.sym is None:
+            return None
+        out: list[Any] = []
+        for d in v.type.sym:
+            if not isinstance(d, str):  # a static dim (sym entries are None or canonical strings)
+                out.append(None)
+                continue
+            var = self.vars.get(d)
+            if var is None:
+                base = _sanitize(d) if re.fullmatch(r"[A-Za-z_]\w*", d) else f"dim{len(self.vars)}"
+                var = self.vars[d] = tir.Var(f"{base}_rt", "int32")
+            out.append(var)
+        return tuple(out)
+
+
+def _check_nop_layout(group: FusedGroup) -> None:
+    """An aliasing reshape of a dynamic tensor is only valid where the padded layouts agree.
+
+    Storage is laid out for the upper-bound shape, the data in the sub-box of the actual
+    shape; a reshape that moves a symbolic dim relative to static ones would need a copy.
+    """
+    from ..ir.sym_rules import same_padded_layout
+
+    src, dst = group.inputs[0].type, group.outputs[0].type
+    if same_padded_layout(src, dst):
+        return
+    raise KilnError(
+        f"reshape {src} -> {dst}: with dynamic dimensions this reshape would move data in the padded "
+        "layout (a symbolic dim changes position relative to static dims); not supported yet"
+    )
+
+
+def _moving_reshape(group: FusedGroup) -> Any:
+    """The reshape node of a single-reshape group that moves data in the padded layout."""
+    from ..ir.sym_rules import same_padded_layout
+
+    if len(group.nodes) != 1 or group.nodes[0].op != "reshape" or len(group.inputs) != 1:
+        return None
+    n = group.nodes[0]
+    return None if same_padded_layout(n.inputs[0].type, n.outputs[0].type) else n
+
+
+def _control_func(group: FusedGroup) -> str | None:
+    """The reserved function (``__if``, ``__loop``) of a control-flow group, else None."""
+    from ..ir.ops.control import CONTROL_OPS
+
+    if len(group.nodes) != 1:
+        return None
+    return CONTROL_OPS.get(group.nodes[0].op)
+
+
+def _prim_kernel(group: FusedGroup) -> Any:
+    """The loop-IR kernel of a single-op group whose op has one (else None)."""
+    from .. import topi
+
+    if len(group.nodes) != 1:
+        return None
+    return topi.get_prim_kernel(group.nodes[0].op)
+
+
+def _lower_prim(group: FusedGroup, fn: Any, name: str, args: Sequence[Value], target: Any) -> Any:
+    """A group of one op with a loop-IR kernel: buffers in, PrimFunc out.
+
+    A data-dependent dim the kernel decides is dynamic in its output buffer too: the argument
+    check then accepts whatever extent the previous run left in the DLTensor (0..upper bound);
+    the kernel never reads that Var, it reports the new extent (``tir.set_extent``).
+    """
+    from .. import tir
+
+    node = group.nodes[0]
+    dims = _DimVars()
+    bufs = [tir.Buffer(f"p{k}", v.shape, v.dtype, dyn=dims.dyn(v)) for k, v in enumerate(args)]
+    outs = [tir.Buffer(f"out{k}", o.shape, o.dtype, dyn=dims.dyn(o)) for k, o in enumerate(group.outputs)]
+    try:
+        with _kernel_target(target):
+            return fn(dict(node.attrs), bufs, outs, name, target)
+    except KilnError:
+        raise
+    except Exception as exc:
+        raise KilnError(f"{name}: loop-IR kernel of {node.op} node {node.name!r} failed: {exc}") from exc
+
+
+def _kernel_target(target: Any) -> Any:
+    from .. import topi
+
+    return topi.knobs.kernel_target(target)
+
+
 def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: Sequence[Value],
                  target: Any) -> Any:
     from .. import te, tir, topi
 
     env: dict[Value, Any] = {}
     placeholders = []
+    dims = _DimVars()
     for k, v in enumerate(args):
-        t = te.placeholder(v.shape, v.dtype, name=f"p{k}")
+        t = te.placeholder(v.shape, v.dtype, name=f"p{k}", dyn=dims.dyn(v))
         env[v] = t
         placeholders.append(t)
     for k, v in enumerate(inlined):
         env[v] = _const_tensor(v, f"c{k}")
+    moving = _moving_reshape(group)
+    if moving is not None:
+        # the one op of its group (fuse keeps it alone): index arithmetic on runtime extents
+        x, o = placeholders[0], group.outputs[0]
+        odyn = dims.dyn(o) or (None,) * len(o.shape)
+        in_ext = [d if d is not None else s for d, s in zip(x.dyn or (None,) * len(x.shape), x.shape)]
+        out_ext = [d if d is not None else s for d, s in zip(odyn, o.shape)]
+        t = te.set_dyn(topi.transform.reshape_padded(x, o.shape, in_ext, out_ext), odyn)
+        sched = topi.schedule_group("reshape", group.pattern, [t], target)
+        return tir.lower(sched, placeholders + [t], name=name)
     for n in group.nodes:
         fcompute = topi.get_compute(n.op)
         try:
@@ -202,6 +312,11 @@ def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: S
             if tuple(t.shape) != tuple(o.shape) or t.dtype != o.dtype:
                 raise KilnError(f"{name}: compute of {n.op} gave {tuple(t.shape)} {t.dtype}, "
                                 f"IR says {o.type}")
+            dyn = dims.dyn(o)
+            if dyn is not None and isinstance(t.op, te.ComputeOp):
+                # the IR's symbolic shape is the truth; later computes of the group read it
+                # (e.g. softmax picks its unblocked form over a dynamic row)
+                te.set_dyn(t, dyn)
             env[o] = t
     outs = []
     for o in group.outputs:
@@ -212,6 +327,9 @@ def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: S
             src = t
             t = te.compute(tuple(src.shape), lambda *i, src=src: src(*i), name="copy",
                            tag="elemwise")
+        dyn = dims.dyn(o)
+        if dyn is not None:
+            te.set_dyn(t, dyn)  # the graph's symbolic shape is authoritative for outputs
         outs.append(t)
     sched = topi.schedule_group(group.anchor.op if group.anchor else None, group.pattern, outs,
                                 target)
@@ -247,9 +365,18 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
     used: set[str] = set()
     for gi, g in enumerate(fused.groups):
         if g.is_nop:
+            _check_nop_layout(g)
             calls.append(LoweredCall(g, "__nop", list(g.inputs), list(g.outputs)))
             continue
-        inlined = [v for v in g.inputs if is_inlinable_constant(v, inline_limit)]
+        control = _control_func(g)
+        if control is not None:
+            # run by the executor, which reads its inputs by position (repeats included); the
+            # driver compiles its subgraphs (kiln.driver.build)
+            calls.append(LoweredCall(g, control, list(g.nodes[0].inputs), list(g.outputs)))
+            continue
+        prim = _prim_kernel(g)
+        # a loop-IR kernel takes every input as an argument (no compute to inline into)
+        inlined = [] if prim else [v for v in g.inputs if is_inlinable_constant(v, inline_limit)]
         args = [v for v in g.inputs if v not in inlined]
         key = group_key(g, args, inlined)
         name = by_key.get(key)
@@ -261,7 +388,10 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
                 name = f"{base}_{k}"
             used.add(name)
             by_key[key] = name
-            funcs.append(_lower_group(g, name, args, inlined, target))
+            if prim is not None:
+                funcs.append(_lower_prim(g, prim, name, args, target))
+            else:
+                funcs.append(_lower_group(g, name, args, inlined, target))
         calls.append(LoweredCall(g, name, args, list(g.outputs), key))
         if on_kernel is not None:
             on_kernel(gi + 1, total, name)

@@ -3,6 +3,11 @@
 A :class:`Graph` holds its nodes in topological order. Every node output and every graph input is
 a :class:`Value`; values are compared by identity. Constants are nodes of op ``"constant"`` whose
 ``value`` attribute is a (read-only) NumPy array.
+
+Dynamic graphs: a graph declares named dims with their ranges (:meth:`Graph.declare_dim`,
+:attr:`Graph.dim_ranges`); inputs may have symbolic dims, and :meth:`Graph.add_node` infers the
+symbolic dims of every output with the op's symbolic rule (:mod:`kiln.ir.sym_rules`). Every helper
+here that builds a new graph from an old one keeps the ranges.
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..runtime import sym as _sym
 from ..runtime.errors import InputError, KilnError
 from .op import get_op
-from .types import TensorType, normalize_dtype
+from .types import Dim, TensorType, normalize_dtype
 
 __all__ = ["Value", "Node", "Graph", "IRModule", "structural_equal", "rewrite", "dead_code_elimination"]
 
@@ -43,7 +49,7 @@ class Value:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Shortcut for ``type.shape``."""
+        """Shortcut for ``type.shape`` (upper bounds; ``type.dims`` has the symbols)."""
         return self.type.shape
 
     @property
@@ -139,6 +145,11 @@ class Graph:
     outputs : list of Value
     nodes : list of Node
         Topologically ordered.
+    dim_ranges : dict of str to (int, int)
+        The declared symbolic dims and their ``(lo, hi)`` ranges; empty for a static graph.
+    data_dims : set of str
+        The symbolic dims whose value a kernel decides at run time (the count of NonZero ...),
+        as opposed to those an input's shape gives.
     """
 
     def __init__(self, name: str = "main") -> None:
@@ -146,15 +157,86 @@ class Graph:
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
+        self.dim_ranges: dict[str, tuple[int, int]] = {}
+        self.data_dims: set[str] = set()
 
     # ------------------------------------------------------------------ building
-    def add_input(self, name: str, shape: Sequence[int], dtype: Any = "float32") -> Value:
-        """Append a graph input (or parameter placeholder) and return its value."""
+    def declare_dim(self, name: str, lo: int, hi: int, data_dependent: bool = False) -> None:
+        """Declare the symbolic dim ``name`` with runtime extents ``lo..hi`` (``1 <= lo <= hi``).
+
+        Redeclaring a dim with the same range is allowed; with another range it is an error.
+        ``data_dependent`` marks a dim an op's kernel decides at run time (``0 <= lo`` then).
+
+        Raises
+        ------
+        InputError
+            A bad name or range, or a conflicting redeclaration.
+        """
+        _sym.check_name(name)
+        rng = _sym.check_range(name, (lo, hi), allow_zero=data_dependent)
+        old = self.dim_ranges.get(name)
+        if old is not None and (old != rng or (name in self.data_dims) != data_dependent):
+            raise InputError(f"dimension {name!r} is already declared with range "
+                             f"{old[0]}..{old[1]}, not {rng[0]}..{rng[1]}")
+        self.dim_ranges[name] = rng
+        if data_dependent:
+            self.data_dims.add(name)
+
+    def copy_dims(self, other: "Graph") -> None:
+        """Take ``other``'s declared dims (ranges and which are data-dependent): every pass that
+        builds a new graph from an old one calls this."""
+        self.dim_ranges = dict(other.dim_ranges)
+        self.data_dims = set(other.data_dims)
+
+    def add_input(self, name: str, shape: Sequence[Dim], dtype: Any = "float32") -> Value:
+        """Append a graph input (or parameter placeholder) and return its value.
+
+        Parameters
+        ----------
+        name : str
+            Input name (unique).
+        shape : sequence of int or str
+            Every dim: a static extent, or a symbolic expression (``"seq"``, ``"2*seq"``) whose
+            symbols are declared in :attr:`dim_ranges`; its upper bound becomes the static
+            extent of the type.
+        dtype : dtype-like
+
+        Raises
+        ------
+        InputError
+            A duplicate name, a bad dim, or a symbolic dim with an undeclared symbol.
+        """
         if any(v.name == name for v in self.inputs):
             raise InputError(f"duplicate graph input name {name!r}")
-        v = Value(TensorType(tuple(shape), dtype), None, 0, name)
-        self.inputs.append(v)
-        return v
+        self.inputs.append(Value(self._input_type(name, shape, dtype), None, 0, name))
+        return self.inputs[-1]
+
+    def _input_type(self, name: str, shape: Sequence[Dim], dtype: Any) -> TensorType:
+        shape = tuple(shape)
+        if not any(isinstance(d, str) for d in shape):
+            return TensorType(shape, dtype)  # type: ignore[arg-type]  # all ints here
+        static: list[int] = []
+        sym: list[Dim | None] = []
+        for d in shape:
+            if not isinstance(d, str):
+                static.append(int(d))
+                sym.append(None)
+                continue
+            try:
+                c = _sym.canonical(d)
+            except InputError as exc:
+                raise InputError(f"input {name!r}: {exc}") from None
+            missing = sorted(_sym.symbols(c) - self.dim_ranges.keys()) if isinstance(c, str) else []
+            if missing:
+                raise InputError(
+                    f"input {name!r}: dimension {d!r} uses {', '.join(map(repr, missing))} which "
+                    f"has no declared range; declare it (graph.declare_dim / dim_ranges)")
+            lo, hi = _sym.bounds(c, self.dim_ranges)
+            if lo < 0:
+                raise InputError(f"input {name!r}: dimension {d!r} can be negative ({lo}..{hi})")
+            static.append(hi)
+            sym.append(c)
+        return TensorType(tuple(static), dtype, tuple(sym))
 
     def add_node(self, op: str, inputs: Sequence[Value], attrs: dict[str, Any] | None = None,
                  name: str | None = None, output_names: Sequence[str | None] | None = None
@@ -178,7 +260,16 @@ class Graph:
                 if not isinstance(v, Value):
                     raise InputError(f"inputs must be Values, got {type(v).__name__}")
             norm = opdef.normalize_attrs(attrs)
-            out_types = opdef.type_rel([v.type for v in inputs], norm)
+            in_types = [v.type for v in inputs]
+            out_types = opdef.type_rel(in_types, norm)
+            # add_node is hot: static graphs pay one attribute test per input and one lookup.
+            dynamic = "sym_shape" in norm and norm["sym_shape"] is not None
+            for t in in_types:
+                if t.sym is not None:
+                    dynamic = True
+                    break
+            if dynamic:
+                out_types = _sym_types(opdef, in_types, norm, out_types, self.dim_ranges)
         except InputError as exc:
             raise InputError(f"{where}: {exc}") from None
         if opdef.num_outputs is not None and len(out_types) != opdef.num_outputs:
@@ -283,6 +374,34 @@ class Graph:
 IRModule = Graph
 
 
+def _sym_types(opdef: Any, in_types: list[TensorType], attrs: dict[str, Any],
+               out_types: list[TensorType], ranges: dict[str, tuple[int, int]]
+               ) -> list[TensorType]:
+    """``out_types`` with the symbolic dims the op's rule infers; an op without a rule raises
+    rather than dropping a symbol."""
+    from .sym_rules import get_sym_rule
+
+    target = attrs.get("sym_shape")
+    if target is not None:
+        missing = sorted({n for d in target if isinstance(d, str) for n in _sym.symbols(d)}
+                         - ranges.keys())
+        if missing:
+            raise InputError(f"sym_shape {tuple(target)} uses {', '.join(map(repr, missing))} "
+                             "which has no declared range")
+    rule = get_sym_rule(opdef)
+    if rule is None:
+        i, t = next((i, t) for i, t in enumerate(in_types) if t.sym is not None)
+        dims = ", ".join(str(d) for d in t.dims) + ("," if t.ndim == 1 else "")
+        raise InputError(f"op {opdef.name!r} does not support symbolic dimensions yet "
+                         f"(input {i} has dims ({dims}))")
+    syms = rule(in_types, attrs, out_types)
+    if len(syms) != len(out_types):
+        raise KilnError(f"symbolic rule of op {opdef.name!r} returned {len(syms)} results "
+                        f"for {len(out_types)} outputs")
+    # type_rel may hand back an input type as is (sym included): the rule's answer wins.
+    return [t if s == t.sym else TensorType(t.shape, t.dtype, s) for t, s in zip(out_types, syms)]
+
+
 def rewrite(graph: Graph,
             visit: Callable[[Graph, Node, list[Value]], "list[Value] | Value | None"],
             name: str | None = None) -> Graph:
@@ -326,6 +445,7 @@ def rewrite(graph: Graph,
 def _with_inputs_of(graph: Graph, name: str) -> tuple[Graph, dict[Value, Value]]:
     """An empty graph with fresh copies of ``graph``'s inputs, and the old -> new value map."""
     new = Graph(name)
+    new.copy_dims(graph)
     vmap: dict[Value, Value] = {}
     for v in graph.inputs:
         nv = Value(v.type, None, 0, v.name)
@@ -412,6 +532,8 @@ def structural_equal(a: Graph, b: Graph, map_free_vars: bool = False) -> bool:
     are ignored.
     """
     if len(a.inputs) != len(b.inputs) or len(a.outputs) != len(b.outputs):
+        return False
+    if a.dim_ranges != b.dim_ranges or a.data_dims != b.data_dims:
         return False
     vmap: dict[Value, Value] = {}
     for x, y in zip(a.inputs, b.inputs):

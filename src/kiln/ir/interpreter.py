@@ -27,8 +27,8 @@ def _as_array(name: str, v: Value, x: Any) -> np.ndarray:
         if isinstance(x, np.ndarray):
             raise InputError(f"input {name!r} must have dtype {v.dtype}, got {arr.dtype}")
         arr = arr.astype(want)
-    if arr.shape != v.shape:
-        raise InputError(f"input {name!r} must have shape {v.shape}, got {arr.shape}")
+    if arr.shape != v.shape and not _fits(arr.shape, v.type):
+        raise InputError(f"input {name!r} must have shape {v.type.dims}, got {arr.shape}")
     return arr
 
 
@@ -95,7 +95,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any] | Sequence[Any] | None = No
             want = np_dtype(v.dtype)
             if arr.dtype != want:
                 arr = arr.astype(want)
-            if arr.shape != v.shape:
+            if arr.shape != v.shape and not _fits(arr.shape, v.type):
                 raise KilnError(f"{node.op} node {node.name!r}: reference produced shape "
                                 f"{arr.shape}, type says {v.shape}")
             env[v] = arr
@@ -103,3 +103,11 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any] | Sequence[Any] | None = No
             if last_use.get(v) == i and v not in keep and v.node is not None:
                 env.pop(v, None)
     return [env[v] for v in graph.outputs]
+
+
+def _fits(shape: tuple[int, ...], t: Any) -> bool:
+    """Whether an actual ``shape`` fits a dynamic type: static dims equal, symbolic ones at most
+    their upper bound (a data-dependent output, or a graph evaluated at a smaller input)."""
+    if t.sym is None or len(shape) != t.ndim:
+        return False
+    return all(a == m if d is None else 0 <= a <= m for a, m, d in zip(shape, t.shape, t.sym))

@@ -9,10 +9,14 @@ Every IR op is registered once with
 * a **fusion pattern** (:class:`OpPattern`, TVM numbering);
 * a **reference implementation** ``ref(inputs, attrs) -> list[np.ndarray]`` in NumPy that follows
   ONNX semantics exactly. It is used by constant folding, by :func:`kiln.ir.evaluate` and as the
-  test oracle for the kernels.
+  test oracle for the kernels;
+* optionally a **symbolic rule** ``sym_rel(input_types, attrs, output_types) -> list`` giving
+  each output's symbolic dims when an input has some (see :mod:`kiln.ir.sym_rules`, where the
+  built-in ops' rules live).
 
 Attribute kinds: ``int``, ``float``, ``bool``, ``str``, ``dtype`` (IR dtype name), ``ints``
-(tuple of int), ``floats`` (tuple of float), ``pairs`` (tuple of ``(int, int)``),
+(tuple of int), ``floats`` (tuple of float), ``pairs`` (tuple of ``(int, int)``), ``dims``
+(tuple of dims: ``int`` or canonical symbolic strings, see :mod:`kiln.runtime.sym`),
 ``ndarray`` (a NumPy array; only the ``constant`` op) and ``any``. A default of ``None`` makes the
 attribute optional (``None`` allowed).
 """
@@ -26,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..runtime import sym as _sym
 from ..runtime.errors import InputError, KilnError
 from .types import TensorType, normalize_dtype
 
@@ -54,8 +59,11 @@ REQUIRED: Any = _Required()
 
 TypeRel = Callable[[list[TensorType], dict[str, Any]], list[TensorType]]
 RefImpl = Callable[[list[np.ndarray], dict[str, Any]], list[np.ndarray]]
+#: ``sym_rel(input_types, attrs, output_types)`` -> per output its ``TensorType.sym`` (a tuple of
+#: canonical dims or None per dim, or None when the output is static).
+SymRel = Callable[[list[TensorType], dict[str, Any], list[TensorType]], list[Any]]
 
-_KINDS = ("int", "float", "bool", "str", "dtype", "ints", "floats", "pairs", "ndarray", "any")
+_KINDS = ("int", "float", "bool", "str", "dtype", "ints", "floats", "pairs", "dims", "ndarray", "any")
 
 
 @dataclass(eq=False)
@@ -80,6 +88,11 @@ class OpDef:
         Exact count, or ``None`` when the type relation decides (``split``).
     doc : str
         One-line description (used in docs/ir.md).
+    inputs : tuple of str
+        Input names (docs).
+    sym_rel : callable or None
+        Symbolic-dims rule; ``None`` falls back to the built-in table of
+        :mod:`kiln.ir.sym_rules`, and an op with neither rejects symbolic inputs.
     """
 
     name: str
@@ -91,6 +104,7 @@ class OpDef:
     num_outputs: int | None = 1
     doc: str = ""
     inputs: tuple[str, ...] = field(default_factory=tuple)
+    sym_rel: SymRel | None = None
 
     def check_num_inputs(self, n: int) -> None:
         """Raise InputError if ``n`` inputs are not accepted."""
@@ -168,11 +182,24 @@ def _coerce(kind: str, val: Any) -> Any:
             a, b = p
             res.append((_coerce("int", a), _coerce("int", b)))
         return tuple(res)
+    if kind == "dims":
+        if isinstance(val, (str, int, np.integer)):
+            val = (val,)
+        return tuple(_canonical_dim(v) for v in val)
     if kind == "ndarray":
         if not isinstance(val, np.ndarray):
             raise TypeError("not an ndarray")
         return val
     return val
+
+
+def _canonical_dim(v: Any) -> Any:
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError("a dim may not be a bool")
+    try:
+        return _sym.canonical(v if isinstance(v, str) else int(v))
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -190,6 +217,7 @@ def register_op(
     doc: str = "",
     inputs: Sequence[str] = (),
     override: bool = False,
+    sym_rel: SymRel | None = None,
 ) -> OpDef:
     """Register an IR operator.
 
@@ -199,7 +227,7 @@ def register_op(
         The op name used in graphs (``"conv2d"``).
     attrs : dict, optional
         Schema ``{attr: (kind, default or REQUIRED)}``; see the module docstring for kinds.
-    type_rel, pattern, ref, num_inputs, num_outputs, doc, inputs
+    type_rel, pattern, ref, num_inputs, num_outputs, doc, inputs, sym_rel
         See :class:`OpDef`.
     override : bool
         Replace an existing registration instead of raising.
@@ -215,7 +243,7 @@ def register_op(
         if not (isinstance(spec, tuple) and len(spec) == 2 and spec[0] in _KINDS):
             raise KilnError(f"op {name!r}: bad schema for attribute {key!r}: {spec!r}")
     op = OpDef(name, attrs, type_rel, OpPattern(pattern), ref, num_inputs, num_outputs, doc,
-               tuple(inputs))
+               tuple(inputs), sym_rel)
     _REGISTRY[name] = op
     return op
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..runtime.errors import FormatError, InputError, KilnError
 from .graph import Graph, Value
+from ..runtime import sym as _sym
 from .types import TensorType, np_dtype
 
 __all__ = ["parse"]
@@ -21,7 +22,7 @@ _TOKEN = re.compile(r"""
   | (?P<gvar>@[A-Za-z0-9_.]+)
   | (?P<num>[-+]?(?:inf|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![A-Za-z0-9_]))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<punct>[()\[\]{}=,:])
+  | (?P<punct>[()\[\]{}=,:*/+-])
 """, re.VERBOSE)
 
 
@@ -76,6 +77,8 @@ class _Parser:
         self.t = _Tokens(text)
         self.constants = constants or {}
         self.env: dict[str, Value | list[Value]] = {}
+        self.ranges: dict[str, tuple[int, int]] = {}
+        self.data_dims: set[str] = set()
 
     def fail(self, msg: str) -> FormatError:
         return FormatError(f"IR text line {self.t.peek()[2]}: {msg}")
@@ -86,16 +89,45 @@ class _Parser:
         if val != "Tensor":
             raise self.fail(f"expected Tensor[...], got {val!r}")
         self.t.expect("[")
-        shape = self.parse_value()
-        if isinstance(shape, int):
-            shape = (shape,)
+        dims = self.parse_dims()
         self.t.expect(",")
         kind, dtype, _ = self.t.next()
         self.t.expect("]")
         try:
-            return TensorType(tuple(shape), dtype)
+            if not any(isinstance(d, str) for d in dims):
+                return TensorType(tuple(int(d) for d in dims), dtype)
+            # Symbolic dims: the upper bounds follow from the graph's ranges, as for add_input.
+            shape = tuple(d if isinstance(d, int) else _sym.bounds(d, self.ranges)[1] for d in dims)
+            return TensorType(shape, dtype, tuple(None if isinstance(d, int) else d for d in dims))
         except (InputError, TypeError) as exc:
             raise self.fail(str(exc)) from None
+
+    def parse_dims(self) -> list[int | str]:
+        """``(d, ...)``: each dim an int or a symbolic expression (tokens joined back)."""
+        self.t.expect("(")
+        dims: list[int | str] = []  # canonical: an int or a symbolic expression
+        while not self.t.accept(")"):
+            toks: list[str] = []
+            depth = 0
+            while True:
+                kind, val, line = self.t.peek()
+                if kind == "eof" or (depth == 0 and val in (",", ")")):
+                    break
+                depth += {"(": 1, ")": -1}.get(val, 0)
+                toks.append(val)
+                self.t.next()
+            if not toks:
+                raise self.fail("expected a dimension")
+            text = "".join(toks)
+            try:
+                d = _sym.canonical(int(text) if text.isdigit() else text)
+            except InputError as exc:
+                raise self.fail(str(exc)) from None
+            dims.append(d)
+            if not self.t.accept(","):
+                self.t.expect(")")
+                break
+        return dims
 
     def parse_types(self) -> list[TensorType]:
         if self.t.peek()[1] == "(":
@@ -163,11 +195,31 @@ class _Parser:
     # graph ------------------------------------------------------------------
     def parse(self) -> Graph:
         t = self.t
+        if t.peek()[1] == "dim_ranges":
+            t.next()
+            t.expect("(")
+            while not t.accept(")"):
+                kind, name, line = t.next()
+                t.expect("=")
+                rng = self.parse_value()
+                try:
+                    _sym.check_name(name)
+                    data = isinstance(rng, tuple) and len(rng) == 3 and rng[2] == "data"
+                    if data:
+                        self.data_dims.add(name)
+                    self.ranges[name] = _sym.check_range(name, rng[:2] if data else rng, allow_zero=data)
+                except InputError as exc:
+                    raise FormatError(f"IR text line {line}: {exc}") from None
+                if not t.accept(","):
+                    t.expect(")")
+                    break
         t.expect("def")
         kind, gname, _ = t.next()
         if kind != "gvar":
             raise self.fail("expected @name after def")
         g = Graph(gname[1:])
+        g.dim_ranges.update(self.ranges)
+        g.data_dims.update(self.data_dims)
         t.expect("(")
         while not t.accept(")"):
             kind, tok, line = t.next()
@@ -175,7 +227,7 @@ class _Parser:
                 raise FormatError(f"IR text line {line}: expected an input %name, got {tok!r}")
             t.expect(":")
             ty = self.parse_type()
-            v = g.add_input(_var_name(tok), ty.shape, ty.dtype)
+            v = g.add_input(_var_name(tok), ty.dims, ty.dtype)
             self.env[_var_name(tok)] = v
             if not t.accept(","):
                 t.expect(")")

@@ -5,6 +5,14 @@
       %1 = relu(%0) : Tensor[(1, 4, 8, 8), float32]
       return %1
     }
+
+A dynamic graph starts with its dim ranges, and its types show symbolic dims (the static upper
+bounds follow from the ranges)::
+
+    dim_ranges(batch=(1, 8), seq=(1, 512))
+    def @main(%x: Tensor[(batch, seq, 384), float32]) {
+      %0 = reshape(%x, newshape=(8, 512, 12, 32), alias=False) : Tensor[(batch, seq, 12, 32), float32]
+      ...
 """
 
 from __future__ import annotations
@@ -107,6 +115,11 @@ def astext(graph: Graph, inline_limit: int = 16, show_names: bool = False) -> st
     cnames = constant_names(graph)
     params = ", ".join(f"{names[v]}: {v.type}" for v in graph.inputs)
     lines = [f"def @{graph.name}({params}) {{"]
+    if graph.dim_ranges:
+        # a data-dependent dim (a kernel decides it) is marked "data"
+        mark = {k: ', "data"' for k in graph.data_dims}
+        ranges = ", ".join(f"{k}=({lo}, {hi}{mark.get(k, '')})" for k, (lo, hi) in graph.dim_ranges.items())
+        lines.insert(0, f"dim_ranges({ranges})")
     for i, node in enumerate(graph.nodes):
         ident = f"%{i}"
         if len(node.outputs) == 1:
@@ -121,6 +134,8 @@ def astext(graph: Graph, inline_limit: int = 16, show_names: bool = False) -> st
                     args.append(f"value={_format_array(val)}")
                 else:
                     args.append(f"value=meta[{json.dumps(cnames[node])}]")
+            elif val is None and node.opdef.attrs.get(key, ("", 0))[0] == "dims":
+                continue  # an unset symbolic target (static graphs print as before)
             else:
                 args.append(f"{key}={format_attr(val)}")
         line = f"  {ident} = {node.op}({', '.join(args)}) : {_type_str(node)}"

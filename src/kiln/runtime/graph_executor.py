@@ -18,8 +18,9 @@ Design notes (see ``docs/executor.md``):
   ``data`` field; the call records never change after creation. Rebinding is per *entry*,
   not per storage id, so other entries that share the storage keep their own memory.
 * ``__nop`` outputs alias their input (same memory, own shape); an alias group is rebound
-  together. ``__copy`` and Python-implemented functions run from Python between native
-  segments.
+  together. ``__copy``, Python-implemented functions and control flow (``__if`` /
+  ``__loop``: nested executors, :mod:`kiln.runtime.control_flow`) run from Python between
+  native segments.
 * One executor's ``run`` is not re-entrant (it owns its storage); different executors run
   concurrently, and the native call releases the GIL.
 """
@@ -27,6 +28,7 @@ Design notes (see ``docs/executor.md``):
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -36,6 +38,7 @@ import numpy as np
 from . import _ffi
 from . import dtype as _dtype
 from .errors import DeviceError, FormatError, FunctionNotFoundError, InputError, KernelError, KilnError
+from .dynamic_shapes import DynamicShapes, data_dim_sources
 from .graph_json import Graph, load_graph_json
 
 __all__ = ["GraphExecutor", "GraphModule", "create"]
@@ -108,7 +111,7 @@ class _Op:
     nid: int
     name: str
     func_name: str
-    kind: str  # "native", "py", "nop", "copy"
+    kind: str  # "native", "py", "nop", "copy", "control"
     in_eids: tuple[int, ...]
     out_eids: tuple[int, ...]
     flatten: bool
@@ -166,6 +169,12 @@ class GraphExecutor:
         self._setup_storage({self.arg_eid[n] for n in prefilled if n in self.arg_eid})
         self._setup_ops()
         self._bind_linked_params()
+        #: Symbols and actual shapes of a graph with dynamic dimensions (None when static).
+        self.dyn: DynamicShapes | None = None
+        if g.sym_shape is not None:
+            if any(not d.host_visible for d in self.entry_device):
+                raise DeviceError("graphs with dynamic dimensions run on the CPU only for now")
+            self.dyn = DynamicShapes(g, self.tensors, self.arg_eid)
 
     # ---------------------------------------------------------------------------------------
     # storage
@@ -255,6 +264,11 @@ class GraphExecutor:
                 op.kind = "nop"
             elif node.func_name == "__copy":
                 op.kind = "copy"
+            elif node.subgraphs:
+                from .control_flow import make_control_runner
+
+                op.kind = "control"  # __if / __loop: nested executors, run from Python
+                op.func = make_control_runner(self, nid, node, in_eids, out_eids)
             else:
                 try:
                     f = self.lib.get_function(node.func_name, query_imports=True)
@@ -309,6 +323,11 @@ class GraphExecutor:
         """
         segments: list[Callable[[], None]] = []
         pending: list[_Op] = []
+        # a kernel deciding a data-dependent dim ends its segment: the dim is read from the
+        # kernel's output, and every later entry re-shaped, before the next kernel runs
+        decides: dict[int, list[str]] = {}
+        for name, (eid, _) in data_dim_sources(self.graph).items():
+            decides.setdefault(eid, []).append(name)
         self.native_segments: list[tuple[Any, list[_Op]]] = []  # (calls array, ops); for introspection
 
         def flush() -> None:
@@ -335,8 +354,12 @@ class GraphExecutor:
             segments.append(run_native)
 
         for op in self.ops:
+            names = [n for e in op.out_eids for n in decides.get(e, ())]
             if op.kind == "native":
                 pending.append(op)
+                if names:
+                    flush()
+                    segments.append(functools.partial(self._take_data_dims, names))
             elif op.kind == "nop":
                 continue
             else:
@@ -344,6 +367,10 @@ class GraphExecutor:
                 segments.append(self._make_py_call(op))
         flush()
         self.segments = segments
+
+    def _take_data_dims(self, names: list[str]) -> None:
+        assert self.dyn is not None  # a graph with data-dependent dims is dynamic
+        self.dyn.take_data_dims(names)
 
     def _raise_kernel_error(self, op: _Op, cause: BaseException | None = None) -> None:
         if cause is not None:
@@ -385,6 +412,9 @@ class GraphExecutor:
                     self._raise_kernel_error(op, err)
 
             return copy
+
+        if op.kind == "control":
+            return op.func  # raises its own errors, naming the node and the branch
 
         def call() -> None:
             try:
@@ -506,6 +536,8 @@ class GraphExecutor:
         """
         if self._unset:
             self.require_inputs()
+        if self.dyn is not None:
+            self.dyn.prepare()
         for seg in self.segments:
             seg()
 
@@ -696,6 +728,9 @@ class GraphModule:
 
     def _copy_in(self, name: str, eid: int, value: Any, what: str = "input") -> None:
         ex = self.module
+        if ex.dyn is not None and ex.dyn.is_dynamic(eid):
+            self._copy_in_dynamic(name, eid, value, what)
+            return
         if name in ex.linked:
             # The linked data is read-only library memory: the first overwrite gives this
             # entry memory of its own (the other linked params stay zero copy).
@@ -716,6 +751,52 @@ class GraphModule:
         ex.unbind(eid)  # a copying set_input after a zero-copy one writes our own memory again
         ex.arrays[eid].copyfrom(src)
         ex.mark_set(name)
+
+    def _copy_in_dynamic(self, name: str, eid: int, value: Any, what: str) -> None:
+        """Copy a dynamic input into the valid sub-box of its upper-bound storage."""
+        ex = self.module
+        dyn = ex.dyn
+        assert dyn is not None
+        if type(value) is not np.ndarray:
+            src, _, _ = _as_source(value, f"{what} {name!r}")
+            value = src.numpy() if hasattr(src, "numpy") else np.asarray(src)
+        want = _dtype.np_dtype(ex.graph.dltype[eid])
+        if value.dtype != want:
+            raise InputError(f"{what} {name!r}: dtype {value.dtype} does not match the graph's {ex.graph.dltype[eid]}")
+        dyn.bind_input(name, eid, value.shape)
+        ex.unbind(eid)
+        hv = ex.host_view(eid)
+        assert hv is not None  # dynamic graphs run on the CPU (checked at creation)
+        hv[tuple(slice(0, a) for a in value.shape)] = value
+        ex.mark_set(name)
+
+    def _dynamic_copy(self, eid: int) -> Any:
+        """A compact copy of a dynamic entry's valid data (its actual shape)."""
+        ex = self.module
+        assert ex.dyn is not None
+        hv = ex.host_view(eid)
+        assert hv is not None
+        return _ndarray_mod().array(np.ascontiguousarray(hv[tuple(slice(0, a) for a in ex.dyn.shape(eid))]))
+
+    def get_input_dims(self) -> dict[str, tuple[int | str, ...]]:
+        """Dims of every real input: ints, and symbolic dims as expressions (``"seq"``).
+
+        A static graph gives its shapes. The symbols' ranges are :attr:`dim_ranges`.
+        """
+        ex, g = self.module, self.module.graph
+        dims = g.sym_shape if g.sym_shape is not None else g.shape
+        return {n: tuple(dims[ex.arg_eid[n]]) for n in self._input_names()}
+
+    def get_output_dims(self) -> list[tuple[int | str, ...]]:
+        """Dims of every output, symbolic dims as expressions (see :meth:`get_input_dims`)."""
+        g = self.module.graph
+        dims = g.sym_shape if g.sym_shape is not None else g.shape
+        return [tuple(dims[e]) for e in self.module.output_eids]
+
+    @property
+    def dim_ranges(self) -> dict[str, tuple[int, int]]:
+        """``{symbol: (lo, hi)}`` of a graph with dynamic dimensions (empty when static)."""
+        return dict(self.module.graph.dim_ranges)
 
     def set_input(self, key: str | int | None = None, value: Any = None, **params: Any) -> None:
         """Copy input values into the executor.
@@ -754,6 +835,9 @@ class GraphModule:
         """
         name, eid = self._resolve_input(key)
         arr = self.module.arrays[eid]
+        dyn = self.module.dyn
+        if dyn is not None and dyn.is_dynamic(eid):
+            arr = self._dynamic_copy(eid)  # the valid sub-box, as the user set it
         if out is None:
             return arr
         return self._copy_out(arr, out, f"input {name!r}")
@@ -803,6 +887,11 @@ class GraphModule:
     def _zero_copy_array(self, value: Any, name: str, eid: int, what: str) -> Any:
         nd = _ndarray_mod()
         ex = self.module
+        if ex.dyn is not None and ex.dyn.is_dynamic(eid):
+            raise InputError(
+                f"zero-copy {what} {name}: it has dynamic dimensions {ex.dyn.dims(eid)}; zero-copy binding "
+                "needs a static shape (use set_input / get_output, which copy)"
+            )
         if isinstance(value, nd.NDArray):
             arr = value
         elif hasattr(value, "__dlpack__"):
@@ -886,7 +975,11 @@ class GraphModule:
         ex = self.module
         if not isinstance(index, (int, np.integer)) or not 0 <= int(index) < len(ex.output_eids):
             raise InputError(f"output index {index!r} is out of range: the graph has {len(ex.output_eids)} output(s)")
-        arr = ex.arrays[ex.output_eids[int(index)]]
+        eid = ex.output_eids[int(index)]
+        if ex.dyn is not None and ex.dyn.is_dynamic(eid):
+            arr = self._dynamic_copy(eid)
+            return arr if out is None else self._copy_out(arr, out, f"output {index}")
+        arr = ex.arrays[eid]
         if out is None:
             return arr.copyto(arr.device)
         return self._copy_out(arr, out, f"output {index}")

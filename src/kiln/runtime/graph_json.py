@@ -32,17 +32,25 @@ __all__ = [
     "load_graph_json",
     "RESERVED_FUNCS",
     "MAX_DEPTH",
+    "MAX_NESTING",
     "MAX_NDIM",
     "DEFAULT_MAX_BYTES",
     "MAX_BYTES_ENV",
 ]
 
 #: Function names the executor implements itself instead of looking them up in the library.
-RESERVED_FUNCS = ("__nop", "__copy")
+RESERVED_FUNCS = ("__nop", "__copy", "__if", "__loop")
+
+#: The control-flow functions and the node attributes holding their nested graphs.
+SUBGRAPH_ATTRS: dict[str, tuple[str, ...]] = {"__if": ("then_branch", "else_branch"), "__loop": ("body",)}
 
 #: Deepest nesting of JSON containers accepted. A valid graph needs 5 levels (attrs.shape ->
 #: [tag, values] -> shape -> dims); the margin leaves room for tools' metadata.
 MAX_DEPTH = 32
+
+#: Deepest nesting of control-flow graphs (an ``__if`` in a branch of an ``__if``...). Each level
+#: costs 4 container levels (nodes -> node -> attrs -> graph), so :data:`MAX_DEPTH` admits 6.
+MAX_NESTING = 6
 
 #: Most dimensions an entry may have (NumPy's own limit is 64; kernels never need more).
 MAX_NDIM = 32
@@ -76,6 +84,9 @@ class GraphNode:
         Pass every argument of the kernel as a 1-D tensor.
     attrs : dict
         The node's raw ``attrs`` object, for tools that want extra keys.
+    subgraphs : dict of str to Graph
+        The validated nested graphs of an ``__if`` (``then_branch``, ``else_branch``) or
+        ``__loop`` (``body``) node; empty for every other node.
     """
 
     op: str
@@ -86,6 +97,7 @@ class GraphNode:
     num_outputs: int = 1
     flatten_data: bool = False
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    subgraphs: Mapping[str, "Graph"] = field(default_factory=dict)
 
     @property
     def is_op(self) -> bool:
@@ -119,6 +131,14 @@ class Graph:
     alias_root : tuple of int
         ``alias_root[eid]`` is the entry whose memory ``eid`` uses: itself, or for a
         ``__nop`` output (transitively) its input. Only roots own storage.
+    sym_shape : tuple of tuple of (int or str), or None
+        For a graph with dynamic dimensions (``attrs.sym_shape``): every entry's dims, a
+        symbolic dim as a :mod:`kiln.runtime.sym` expression; ``shape`` then holds the upper
+        bounds the storage is planned for. None for a static graph.
+    dim_ranges : dict of str to (int, int)
+        ``lo..hi`` of every symbol (``attrs.dim_ranges``); empty for a static graph.
+    data_dims : frozenset of str
+        The symbols a kernel decides at run time (``"data"`` in their ``dim_ranges`` row).
     """
 
     nodes: tuple[GraphNode, ...]
@@ -131,6 +151,9 @@ class Graph:
     device_index: tuple[int, ...] | None
     json_text: str
     alias_root: tuple[int, ...]
+    sym_shape: tuple[tuple[int | str, ...], ...] | None = None
+    dim_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    data_dims: frozenset[str] = frozenset()
 
     @property
     def num_entries(self) -> int:
@@ -374,6 +397,11 @@ def _parse_node(nid: int, rn: Any, row_ptr: Sequence[int]) -> GraphNode:
         raise _fail("'__nop' needs at least 1 input and exactly 1 output", nid, name)
     if func_name == "__copy" and (len(inputs) != 1 or num_outputs != 1):
         raise _fail("'__copy' needs exactly 1 input and 1 output", nid, name)
+    if func_name == "__if" and (len(inputs) < 1 or num_outputs < 1):
+        raise _fail("'__if' needs at least 1 input (the condition) and 1 output", nid, name)
+    if func_name == "__loop" and (len(inputs) < 3 or num_outputs < 1):
+        raise _fail("'__loop' needs at least 3 inputs (trip count, condition, a carried value) and 1 output",
+                    nid, name)
     return GraphNode("tvm_op", name, tuple(inputs), func_name, num_inputs, num_outputs, bool(flatten), dict(attrs))
 
 
@@ -397,6 +425,65 @@ def _parse_shapes(shape: list, dltype: Sequence[str], max_bytes: int) -> list[tu
     return shapes
 
 
+def _parse_dynamic(gattrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]]
+                   ) -> tuple[tuple[tuple[int | str, ...], ...] | None, dict[str, tuple[int, int]], frozenset[str]]:
+    """``attrs.sym_shape`` and ``attrs.dim_ranges`` of a graph with dynamic dimensions.
+
+    Every symbolic dim must parse, use only declared symbols, and fit the entry's planned
+    (upper-bound) extent at the top of the ranges: the storage was sized for that.
+    """
+    from . import sym
+
+    raw_sym = _typed_list(gattrs, "sym_shape", "list_sym_shape", False)
+    raw_ranges = _typed_list(gattrs, "dim_ranges", "list_dim_range", False)
+    if raw_sym is None:
+        if raw_ranges:
+            raise _fail("attrs.dim_ranges is given without attrs.sym_shape")
+        return None, {}, frozenset()
+    ranges: dict[str, tuple[int, int]] = {}
+    data: set[str] = set()
+    for k, r in enumerate(raw_ranges or []):
+        if not (isinstance(r, list) and len(r) in (3, 4) and isinstance(r[0], str) and _is_int(r[1])
+                and _is_int(r[2]) and (len(r) == 3 or r[3] == "data")):
+            raise _fail(f"attrs.dim_ranges[{k}] must be [name, lo, hi] or [name, lo, hi, \"data\"], got {_show(r)}")
+        try:
+            name = sym.check_name(r[0])
+            ranges[name] = sym.check_range(name, (r[1], r[2]), allow_zero=len(r) == 4)
+        except InputError as err:
+            raise _fail(f"attrs.dim_ranges[{k}]: {err}") from None
+        if len(r) == 4:
+            data.add(name)
+    if len(raw_sym) != len(shapes):
+        raise _fail(f"attrs.sym_shape has {len(raw_sym)} items but the graph has {len(shapes)} entries")
+    out: list[tuple[int | str, ...]] = []
+    for eid, (dims, planned) in enumerate(zip(raw_sym, shapes)):
+        if not isinstance(dims, list) or len(dims) != len(planned):
+            raise _fail(f"attrs.sym_shape[{eid}] must be a list of {len(planned)} dims, got {_show(dims)}")
+        row: list[int | str] = []
+        for k, (d, hi) in enumerate(zip(dims, planned)):
+            if _is_int(d):
+                if d != hi:
+                    raise _fail(f"attrs.sym_shape[{eid}][{k}] = {d} differs from attrs.shape[{eid}][{k}] = {hi}")
+                row.append(int(d))
+                continue
+            try:
+                if not isinstance(d, str):
+                    raise InputError(f"expected an int or an expression string, got {_show(d)}")
+                canon = sym.canonical(d)
+                missing = sym.symbols(canon) - ranges.keys()
+                if missing:
+                    raise InputError(f"dimension(s) {sorted(missing)} have no attrs.dim_ranges entry")
+                top = sym.bounds(canon, ranges)[1]
+            except InputError as err:
+                raise _fail(f"attrs.sym_shape[{eid}][{k}] = {_show(d)}: {err}") from None
+            if top > hi:
+                raise _fail(f"attrs.sym_shape[{eid}][{k}] = {d!r} reaches {top}, more than the {hi} planned "
+                            f"(attrs.shape[{eid}][{k}])")
+            row.append(canon)
+        out.append(tuple(row))
+    return tuple(out), ranges, frozenset(data)
+
+
 def _alias_roots(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
                  dltype: Sequence[str], device_index: Sequence[int] | None) -> list[int]:
     """``root[eid]``: the entry whose memory ``eid`` uses (``__nop`` outputs alias their input)."""
@@ -417,6 +504,94 @@ def _alias_roots(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Seq
             raise _fail("'__nop' output is on a different device than its input (attrs.device_index)", nid, node.name)
         root[out_eid] = root[in_eid]
     return root
+
+
+def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
+                   dltype: Sequence[str], max_bytes: int, nesting: int) -> None:
+    """Parse and check the nested graphs of ``__if`` / ``__loop`` nodes (in place in ``nodes``).
+
+    Every nested graph is a complete graph JSON, validated recursively (at most
+    :data:`MAX_NESTING` levels); its argument nodes are bound to entries of this node by
+    position (its declared inputs, then its params through ``<attr>_params``) and its heads
+    to the node's outputs, so each pair must agree in shape and dtype. Nested graphs are static
+    and on the CPU.
+    """
+    for nid, node in enumerate(nodes):
+        keys = SUBGRAPH_ATTRS.get(node.func_name)
+        if keys is None:
+            continue
+        if nesting >= MAX_NESTING:
+            raise _fail(f"control flow is nested more than {MAX_NESTING} levels deep", nid, node.name)
+        ins = [row_ptr[s] + i for s, i, _ in node.inputs]
+        outs = list(range(row_ptr[nid], row_ptr[nid + 1]))
+
+        def sig(e: int) -> tuple[tuple[int, ...], str]:
+            return shapes[e], dltype[e]
+
+        scalars = [(ins[0], "bool", "the condition")]
+        n_carried = 0
+        if node.func_name == "__loop":
+            n_carried = _int_attr(node.attrs, "num_carried", nid, node.name, None)
+            if not 1 <= n_carried <= len(ins) - 2 or n_carried != len(outs):
+                raise _fail(f"attrs.num_carried = {n_carried} must be the number of outputs ({len(outs)}) and at "
+                            f"most the {len(ins) - 2} inputs after the trip count and condition", nid, node.name)
+            scalars = [(ins[0], "int64", "the trip count"), (ins[1], "bool", "the condition")]
+        for e, dt, what in scalars:
+            if dltype[e] != dt or math.prod(shapes[e]) != 1:
+                raise _fail(f"{what} (entry {e}: {list(shapes[e])} {dltype[e]}) must be a one-element {dt} "
+                            "tensor", nid, node.name)
+        subs: dict[str, Graph] = {}
+        for key in keys:
+            raw = node.attrs.get(key)
+            if not isinstance(raw, Mapping):
+                raise _fail(f"attrs.{key} must be a graph JSON object", nid, node.name)
+            try:
+                sub = _load(raw, max_bytes, nesting + 1)
+            except FormatError as err:
+                raise _fail(f"attrs.{key}: {err}", nid, node.name) from None
+            if sub.sym_shape is not None or (sub.device_index is not None and set(sub.device_index) != {1}):
+                raise _fail(f"attrs.{key}: a nested graph must be static and on the CPU", nid, node.name)
+            params = node.attrs.get(f"{key}_params", [])
+            if not isinstance(params, list) or not all(_is_int(k) and 1 <= k < len(ins) for k in params):
+                raise _fail(f"attrs.{key}_params must be a list of input positions 1..{len(ins) - 1}, "
+                            f"got {_show(params)}", nid, node.name)
+            args = [sub.entry_id(n) for n in sub.arg_nodes]
+            n_decl = len(args) - len(params)
+            # what each declared argument of the nested graph is bound to: a node entry, or (for a
+            # loop's iteration number and condition) a scalar the executor provides
+            if node.func_name == "__if":
+                want: list[Any] = ins[1: 1 + n_decl] if n_decl <= len(ins) - 1 else None  # type: ignore[assignment]
+            else:
+                want = [((1,), "int64"), ((1,), "bool")] + ins[2: n_decl] if n_decl <= len(ins) else None  # type: ignore[assignment]
+            if want is None or len(want) != n_decl or n_decl < 0:
+                raise _fail(f"attrs.{key} has {len(args)} arguments, which does not fit the node's {len(ins)} "
+                            f"inputs and {len(params)} params", nid, node.name)
+            bound = list(want) + [ins[k] for k in params]
+            for k, (a, b) in enumerate(zip(args, bound)):
+                if isinstance(b, tuple):  # an executor-provided scalar: any one-element shape
+                    if sub.dltype[a] != b[1] or math.prod(sub.shape[a]) != 1:
+                        raise _fail(f"attrs.{key} argument {k} must be a one-element {b[1]} tensor", nid, node.name)
+                elif (sub.shape[a], sub.dltype[a]) != sig(b):
+                    raise _fail(f"attrs.{key} argument {k} ({list(sub.shape[a])} {sub.dltype[a]}) does not match "
+                                f"the node's entry {b} ({list(shapes[b])} {dltype[b]})", nid, node.name)
+            heads = [sub.entry_id(n, i) for n, i, _ in sub.heads]
+            want_heads: list[Any] = list(outs) if node.func_name == "__if" else [((1,), "bool")] + outs
+            if len(heads) != len(want_heads):
+                raise _fail(f"attrs.{key} has {len(heads)} outputs, expected {len(want_heads)}", nid, node.name)
+            for k, (a, b) in enumerate(zip(heads, want_heads)):
+                ok = (sub.dltype[a] == b[1] and math.prod(sub.shape[a]) == 1) if isinstance(b, tuple) \
+                    else (sub.shape[a], sub.dltype[a]) == sig(b)
+                if not ok:
+                    raise _fail(f"attrs.{key} output {k} ({list(sub.shape[a])} {sub.dltype[a]}) does not match "
+                                f"what the node expects", nid, node.name)
+            if node.func_name == "__loop":
+                for k in range(n_carried):  # carried: initial value, body input and output agree
+                    if sig(ins[2 + k]) != sig(outs[k]):
+                        raise _fail(f"carried value {k}: initial entry {ins[2 + k]} and output entry {outs[k]} "
+                                    "differ in shape or dtype", nid, node.name)
+            subs[key] = sub
+        nodes[nid] = GraphNode(node.op, node.name, node.inputs, node.func_name, node.num_inputs,
+                               node.num_outputs, node.flatten_data, node.attrs, subs)
 
 
 def _check_copies(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
@@ -530,11 +705,17 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any], max_bytes: int | Non
         The text is not UTF-8 or not JSON, is nested deeper than :data:`MAX_DEPTH`, a
         required field is missing or malformed, sizes disagree, an input reference is out of
         range, a storage id is negative, a shape declares more than ``max_bytes``, or two
-        entries sharing a storage id are live at the same time. The message names the field
-        and the node or entries.
+        entries sharing a storage id are live at the same time, or a nested control-flow
+        graph is malformed or does not fit its node. The message names the field and the
+        node or entries.
     """
     if max_bytes is None:
         max_bytes = _max_bytes_default()
+    return _load(graph, max_bytes, 0)
+
+
+def _load(graph: str | bytes | Mapping[str, Any], max_bytes: int, nesting: int) -> Graph:
+    """:func:`load_graph_json` of a graph nested ``nesting`` control-flow levels deep."""
     obj, text = _decode(graph)
 
     for key in ("nodes", "arg_nodes", "heads", "node_row_ptr", "attrs"):
@@ -603,6 +784,8 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any], max_bytes: int | Non
         for eid, d in enumerate(device_index):
             if not _is_int(d) or d <= 0:
                 raise _fail(f"attrs.device_index[{eid}] = {_show(d)} is not a DLPack device type code (>= 1)")
+    sym_shape, dim_ranges, data_dims = _parse_dynamic(gattrs, shapes)
+    _parse_control(nodes, row_ptr, shapes, dltype, max_bytes, nesting)
     _check_copies(nodes, row_ptr, shapes, dltype)
     root = _alias_roots(nodes, row_ptr, shapes, dltype, device_index)
     _check_storage(nodes, row_ptr, heads, shapes, dltype, storage_id, device_index, root, max_bytes)
@@ -618,4 +801,7 @@ def load_graph_json(graph: str | bytes | Mapping[str, Any], max_bytes: int | Non
         device_index=None if device_index is None else tuple(int(x) for x in device_index),
         json_text=text,
         alias_root=tuple(root),
+        sym_shape=sym_shape,
+        dim_ranges=dim_ranges,
+        data_dims=data_dims,
     )

@@ -68,12 +68,19 @@ def _c_str(s: str) -> str:
 
 
 def _unsupported_reason(g: Graph, defined: set[str] | None) -> str | None:
+    if g.sym_shape is not None:
+        dims = ", ".join(f"{n} in {lo}..{hi}" for n, (lo, hi) in sorted(g.dim_ranges.items()))
+        return (f"the graph has dynamic dimensions ({dims}); this version of the C API runs static graphs only "
+                "(use the Python runtime, or build with every dim pinned)")
     if g.device_index is not None:
         codes = sorted({c for c in g.device_index if c != 1})
         if codes:
             return (f"the graph places entries on device type(s) {codes}; the C API runs graphs whose every entry "
                     f"is on the CPU (device type 1)")
     for node in g.nodes:
+        if node.is_op and node.func_name in ("__if", "__loop"):
+            return (f"graph node {node.name!r} is runtime control flow ({node.func_name}); this version of the "
+                    "C API runs graphs without it")
         if not node.is_op or node.func_name in ("__nop", "__copy"):
             continue
         if not _C_IDENT.match(node.func_name):

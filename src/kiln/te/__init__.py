@@ -16,7 +16,9 @@ Example
 
 Module layout (contract for the other layers)
 ---------------------------------------------
-* ``kiln.te``      — this package: tensors, operators, schedules.
+* ``kiln.te``      — this package: tensors, operators, schedules.  Dynamic dimensions:
+  ``placeholder(shape, dtype, name, dyn=(n, None))`` with ``n = te.var("n")`` (shape holds
+  the upper bounds), ``set_dyn(out, dyn)`` for an output; see :mod:`kiln.te.dynamic`.
 * ``kiln.tir``     — loop IR (``PrimFunc``, ``Buffer``, statements), ``lower``, simplifier.
 * ``kiln.codegen`` — ``build_module(funcs, target)``; codegens are global functions
   ``target.build.<kind>(funcs, target) -> runtime.Module`` (``c`` and ``llvm`` built in),
@@ -32,12 +34,13 @@ from .intrin import __all__ as _intrin_all
 from .schedule import Schedule, Stage, create_schedule, inline_injective, thread_axis  # noqa: F401
 from . import schedule  # noqa: F401
 from .tensor import (  # noqa: F401
-    ComputeOp, IterVar, Operation, PlaceholderOp, Tensor, compute, placeholder, reduce_axis,
+    ComputeOp, IterVar, Operation, PlaceholderOp, Tensor, compute, placeholder, reduce_axis, set_dyn,
 )
 
 
 def var(name: str = "v", dtype: str = "int32") -> Var:
-    """A free scalar variable (only useful in hand-written loop IR; shapes are static)."""
+    """A free scalar variable: a dynamic dimension (``te.placeholder(..., dyn=(n, None))``) or
+    a variable of hand-written loop IR."""
     return Var(name, dtype)
 
 
@@ -45,5 +48,5 @@ __all__ = [
     "PrimExpr", "Var", "IntImm", "FloatImm", "Reduce", "Schedule", "Stage", "create_schedule", "inline_injective",
     "thread_axis",
     "ComputeOp", "IterVar", "Operation", "PlaceholderOp", "Tensor", "compute", "placeholder", "reduce_axis",
-    "var", *_intrin_all,
+    "set_dyn", "var", *_intrin_all,
 ]

@@ -162,15 +162,16 @@ def minimum(a: Any, b: Any) -> PrimExpr:
     return binary("min", a, b)
 
 
-def checked_index(index: Any, extent: int, what: str) -> PrimExpr:
+def checked_index(index: Any, extent: Any, what: str) -> PrimExpr:
     """An index read from data, with ONNX semantics, checked at run time.
 
     Parameters
     ----------
     index : PrimExpr
         The index value (any integer type), typically a load from an indices tensor.
-    extent : int
-        Size of the indexed axis; valid indices are ``-extent <= index < extent``.
+    extent : int or Var
+        Size of the indexed axis; valid indices are ``-extent <= index < extent``. For an axis
+        of dynamic extent, its runtime-extent Var (so an index into the padding is an error).
     what : str
         Subject of the error message, e.g. ``"take: index into axis 1 of data (7, 5)"``.
 

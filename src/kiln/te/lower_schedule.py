@@ -24,6 +24,13 @@ Steps
    work-group tree reduction (:meth:`_Lowerer._cross_thread`; GPU targets only).
 5. Non-argument root stages become :class:`Allocate` s around the whole body; the codegen
    decides stack vs workspace by size.  The result is simplified.
+
+Dynamic dimensions (:mod:`kiln.te.dynamic`): every stage's axes that stop at a runtime
+extent are inferred before step 2; a root stage gets the guard ``index < n`` on each such
+data axis and every stage on each such reduce axis.  Guards become loop bounds where they can
+(``_as_extent_bound``): on the innermost variable they use, and, relaxed, on the outer split
+or fused variables, so every loop over a dynamic axis (parallel ones included) runs to the
+runtime extent.  Parameter buffers carry their tensor's ``dyn``.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ from ..tir.expr import (BinaryOp, Call, IntImm, Load, PrimExpr, ProducerLoad, Re
 from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.simplify import INF, Analyzer, simplify_stmt
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, Stmt, seq
+from .dynamic import dyn_guard, infer_axis_extents, relaxed_guards, tensor_dyn
 from .schedule import Fuse, Split
-from .tensor import ComputeOp, PlaceholderOp, Tensor
+from .tensor import ComputeOp, IterVar, PlaceholderOp, Tensor
 
 __all__ = ["lower", "BARRIER_INTRINSIC"]
 
@@ -105,21 +113,20 @@ class _Lowerer:
         self.names: dict[str, int] = {}
         self.tmap: dict[Any, tuple[Buffer, list[PrimExpr] | None]] = {}
         self.params: list[Buffer] = []
+        argset: set[Tensor] = set()
         for t in args:
             if not isinstance(t, Tensor):
                 raise CompileError(f"lower {name}: args must be te.Tensors, got {t!r}")
-            if t in self.tmap:
+            if t in argset:
                 raise CompileError(f"lower {name}: tensor {t.name} appears twice in args")
-            buf = Buffer(self._uniq(t.name), t.shape, t.dtype)
-            self.tmap[t] = (buf, None)
-            self.params.append(buf)
+            argset.add(t)
         for st in sch.stages:
             op = st.op
-            if isinstance(op, PlaceholderOp) and op.output(0) not in self.tmap:
+            if isinstance(op, PlaceholderOp) and op.output(0) not in argset:
                 raise CompileError(f"lower {name}: input {op.name} is used but not listed in args")
-            if st.is_output and any(t not in self.tmap for t in op.outputs):
+            if st.is_output and any(t not in argset for t in op.outputs):
                 raise CompileError(f"lower {name}: output {op.name} must be listed in args")
-            if st.attach_type == "inline" and any(t in self.tmap for t in op.outputs):
+            if st.attach_type == "inline" and any(t in argset for t in op.outputs):
                 raise CompileError(f"lower {name}: {op.name} is an argument and cannot be compute_inline'd")
         # 1. inline
         inlined = {id(st.op) for st in sch.stages if st.attach_type == "inline"}
@@ -132,6 +139,27 @@ class _Lowerer:
             if op_id in self.bodies:
                 rdr = _Redirect(red)
                 self.bodies[op_id] = [rdr.expr(b) for b in self.bodies[op_id]]
+        # runtime extents of dynamic dimensions (kiln.te.dynamic), then the parameters
+        self.inlined = inlined
+        self.tdyn: dict[Tensor, Any] = {}
+        self.axis_dyn: dict[IterVar, Var] = {}
+        for st in sch.stages:
+            if isinstance(st.op, ComputeOp) and st.attach_type != "inline":
+                self._dyn_of(st.op.output(0))
+        for t in args:
+            dyn = self._dyn_of(t)
+            buf = Buffer(self._uniq(t.name), t.shape, t.dtype, dyn=dyn)
+            self.tmap[t] = (buf, None)
+            self.params.append(buf)
+        self.dyn_ranges: dict[Var, tuple[int, int]] = {}
+        for b in self.params:
+            for v, n in zip(b.dyn or (), b.shape):
+                if v is not None:
+                    self.dyn_ranges[v] = (0, min(n, self.dyn_ranges.get(v, (0, n))[1]))
+        for iv, v in self.axis_dyn.items():
+            if v not in self.dyn_ranges:
+                raise CompileError(f"lower {name}: the runtime extent {v.name} of axis {iv.name} is the extent of no "
+                                   "argument's dimension, so the kernel cannot know it")
         #: loop variables bound to threadIdx.* (relaxed by region inference of shared stages)
         self.thread_vars: dict[Var, str] = {}
         # who reads whom, after inlining
@@ -155,6 +183,23 @@ class _Lowerer:
                 if any(t in self.tmap for t in st.op.outputs):
                     raise CompileError(f"lower {name}: argument {st.op.name} cannot be compute_at another stage")
                 self.attached.setdefault(id(st.attach_stage), {}).setdefault(st.attach_ivar, []).append(st)
+
+    def _dyn_of(self, t: Tensor) -> Any:
+        """``t``'s dynamic dims (explicit, or inferred from its operation's reads; memoised)."""
+        if t in self.tdyn:
+            return self.tdyn[t]
+        op = t.op
+        if isinstance(op, PlaceholderOp):
+            dyn = t.dyn
+        else:
+            self.tdyn[t] = None  # a cycle cannot happen in a DAG; this only ends recursion early
+            bodies = self.bodies.get(id(op), op.body)
+            ext = infer_axis_extents(op, bodies, self._dyn_of, self.name, original=op.body)
+            self.axis_dyn.update(ext)
+            dyn = tensor_dyn(op, ext)
+        for o in op.outputs:
+            self.tdyn[o] = dyn
+        return dyn
 
     def _nested_reader_ok(self, st: Any, readers: list[Any]) -> bool:
         """True when every reader of ``st`` is its host or a stage attached to the same host,
@@ -223,7 +268,7 @@ class _Lowerer:
         body = seq(*stmts)
         for b in reversed(temps):
             body = Allocate(b, body)
-        body = simplify_stmt(body)
+        body = simplify_stmt(body, self.dyn_ranges)
         return PrimFunc(self.name, self.params, body, {"global_symbol": self.name})
 
     # ------------------------------------------------------------------ one stage
@@ -258,6 +303,7 @@ class _Lowerer:
         for v, e in zip(lvars, exts):
             ranges[v] = (0, e - 1)
         ana = Analyzer()
+        ana.ranges.update(self.dyn_ranges)
         ana.ranges.update(ranges)
 
         def pass_up(leaf_vals: dict[Any, PrimExpr]) -> tuple[dict[Any, PrimExpr], list[PrimExpr]]:
@@ -278,6 +324,7 @@ class _Lowerer:
             return val, guards
 
         val, guards = pass_up({iv: v for iv, v in zip(leaves, lvars)})
+        guards = self._dyn_guards(st, val, guards, lvars, ana)
         # global indices of data axes, and guards keeping attached regions inside the tensor
         gidx = [mn + val[iv] for iv, (mn, _) in zip(op.axis, region)]
         local_idx = [val[iv] for iv in op.axis]
@@ -301,6 +348,7 @@ class _Lowerer:
                     self.child_nest(child, raw, lvars, exts, level, ranges))
         res = _Resolver(self.tmap)
         depth = {v: i for i, v in enumerate(lvars)}
+        dyn_vars = set(self.dyn_ranges)
 
         def level_of(cond: PrimExpr) -> int:
             return max((depth[v] for v in collect_vars(cond) if v in depth), default=-1)
@@ -317,7 +365,8 @@ class _Lowerer:
                 extent: PrimExpr = const(exts[lvl])
                 conds = []
                 for c in by_level.get(pos, []):
-                    bound = _as_extent_bound(c, v, ana)
+                    # dynamic guards may bound a loop with a coefficient (relaxed outer guards)
+                    bound = _as_extent_bound(c, v, ana, scaled=bool(collect_vars(c) & dyn_vars))
                     # a thread-bound loop keeps its constant extent: it is the launch size
                     if bound is not None and kinds[lvl] not in ("unrolled", "thread_binding"):
                         extent = binary("min", extent, bound)
@@ -402,6 +451,27 @@ class _Lowerer:
             upd = IfThenElse(cond, upd)
         upd_nest = build(red_levels, lvars[p:], upd, inner_guards, True)
         return build(data_levels, lvars[:p], seq(init_nest, upd_nest), outer_guards, True)
+
+    def _dyn_guards(self, st: Any, val: dict[Any, PrimExpr], guards: list[PrimExpr], lvars: list[Var],
+                    ana: Analyzer) -> list[PrimExpr]:
+        """``guards`` plus ``index < n`` for the axes of ``st`` with a runtime extent ``n``.
+
+        Data axes are guarded in root stages only: an attached stage computes the region its
+        reader needs, and its reader reads only valid elements.  A static split guard on the
+        same index is dropped (``n`` never exceeds the static extent), and each dynamic guard
+        adds its relaxed forms for the outer loops (:func:`kiln.te.dynamic.relaxed_guards`).
+        """
+        op = st.op
+        axes = (list(op.axis) if st.attach_type == "root" else []) + list(op.reduce_axis)
+        dg = [dyn_guard(val[iv], self.axis_dyn[iv]) for iv in axes if iv in self.axis_dyn]
+        if not dg:
+            return guards
+        guards = [g for g in guards if not any(structural_equal(g.a, d.a) for d in dg)]
+        depth = {v: i for i, v in enumerate(lvars)}
+        extra: list[PrimExpr] = []
+        for g in dg:
+            extra += relaxed_guards(g, depth, ana)
+        return guards + dg + extra
 
     def _cross_thread(self, st: Any, red: Reduce, buf: Buffer, src: PrimExpr, cond: PrimExpr | None, p: int,
                       tpos: int, tail_is_reduce: bool, lvars: list[Var], exts: list[int], local_idx: list[PrimExpr],
@@ -526,8 +596,12 @@ class _Lowerer:
         return region
 
 
-def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer) -> PrimExpr | None:
-    """For ``cond`` equivalent to ``v < B`` (v with coefficient 1), return ``B`` (else None)."""
+def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer, scaled: bool = False) -> PrimExpr | None:
+    """For ``cond`` equivalent to ``v < B`` (v with coefficient 1), return ``B`` (else None).
+
+    With ``scaled``, also ``k * v < B`` for a constant ``k > 1``: ``v < ceil(B / k)`` (used
+    for guards on runtime extents only, so static kernels keep their loops as they were).
+    """
     if not (isinstance(cond, BinaryOp) and cond.op == "lt"):
         return None
     diff = ana.simplify(cond.a - cond.b)  # cond: diff < 0
@@ -541,10 +615,13 @@ def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer) -> PrimExpr | None:
             if v in collect_vars(atom):
                 return None
             rest_terms[key] = [atom, k]
-    if coeff != 1:
+    if coeff != 1 and not (scaled and coeff > 1):
         return None
     rest = Analyzer._rebuild(rest_terms, c, diff.dtype)  # v + rest < 0  <=>  v < -rest
-    return ana.simplify(const(0) - rest)
+    if coeff == 1:
+        return ana.simplify(const(0) - rest)
+    # k*v + rest < 0  <=>  v < ceil(-rest / k)
+    return ana.simplify(binary("floordiv", const(coeff - 1) - rest, const(coeff)))
 
 
 def _relax(e: PrimExpr, inner: dict[Var, tuple[float, float]], ana: Analyzer) -> tuple[PrimExpr, PrimExpr] | None:
@@ -615,7 +692,10 @@ def lower(sch: Any, args: Sequence[Any], name: str = "main", simple_mode: bool =
         The schedule (``te.create_schedule(outputs)`` plus primitives).
     args : list of kiln.te.Tensor
         The kernel's parameters in order: inputs then outputs.  Every placeholder the
-        computation reads and every schedule output must be listed.
+        computation reads and every schedule output must be listed.  A placeholder's ``dyn``
+        and an output's :func:`kiln.te.set_dyn` declare dynamic dimensions; the parameter
+        buffers get the tensors' (declared or inferred) ``dyn`` and every loop over a dynamic
+        axis stops at its runtime extent (:mod:`kiln.te.dynamic`).
     name : str
         Function name (the exported symbol).
     simple_mode : bool
@@ -624,6 +704,12 @@ def lower(sch: Any, args: Sequence[Any], name: str = "main", simple_mode: bool =
     Returns
     -------
     PrimFunc
+
+    Raises
+    ------
+    CompileError
+        Among others, for a read along a dynamic dimension that cannot be bounded by its
+        runtime extent.
     """
     del simple_mode
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):

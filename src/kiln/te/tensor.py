@@ -10,7 +10,8 @@ from ..tir.dtype import check_dtype
 from ..tir.expr import ExprOp, IntImm, PrimExpr, ProducerLoad, Reduce, Var, convert
 from ..tir.functor import post_order_visit
 
-__all__ = ["IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp", "placeholder", "compute", "reduce_axis"]
+__all__ = ["IterVar", "Tensor", "Operation", "PlaceholderOp", "ComputeOp", "placeholder", "compute", "reduce_axis",
+           "set_dyn"]
 
 
 class IterVar(ExprOp):
@@ -91,10 +92,17 @@ class Tensor:
     """The ``value_index``-th output of an :class:`Operation`.
 
     ``T[i, j]`` reads an element (indices are expressions, IterVars or ints).
+
+    ``shape`` is static: for a tensor with dynamic dimensions it holds their upper bounds and
+    ``dyn`` says which dimensions are dynamic (one ``tir.Var`` or None per dimension; None
+    for the whole tuple when every dimension is static).  For a placeholder ``dyn`` comes from
+    :func:`placeholder`; for a computed tensor it is None ("infer it from the reads when
+    lowering") unless set with :func:`set_dyn`, which is then authoritative.
     """
 
     def __init__(self, op: "Operation", value_index: int, shape: tuple[int, ...], dtype: str) -> None:
         self.op, self.value_index, self.shape, self.dtype = op, value_index, shape, dtype
+        self.dyn: tuple[Var | None, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -159,10 +167,12 @@ class Operation:
 class PlaceholderOp(Operation):
     """An input tensor of a kernel."""
 
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: str) -> None:
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str,
+                 dyn: tuple[Var | None, ...] | None = None) -> None:
         self.name, self.tag, self.attrs = name, "", {}
         self.shape, self.dtype = shape, dtype
         self.outputs = [Tensor(self, 0, shape, dtype)]
+        self.outputs[0].dyn = dyn
 
 
 class ComputeOp(Operation):
@@ -221,19 +231,73 @@ def _check_no_nested_reduce(name: str, body: PrimExpr) -> None:
     post_order_visit(body, f)
 
 
-def placeholder(shape: Sequence[int] | int, dtype: str = "float32", name: str = "placeholder") -> Tensor:
+def _check_dyn(shape: tuple[int, ...], dyn: Sequence[Var | None] | None, what: str) -> tuple[Var | None, ...] | None:
+    if dyn is None:
+        return None
+    dyn = tuple(dyn)
+    if len(dyn) != len(shape):
+        raise CompileError(f"{what}: dyn has {len(dyn)} entries for {len(shape)} dims")
+    for d, v in enumerate(dyn):
+        if v is not None and not (isinstance(v, Var) and v.dtype in ("int32", "int64")):
+            raise CompileError(f"{what}: dyn[{d}] must be an int32/int64 tir.Var or None, got {v!r}")
+    return dyn
+
+
+def placeholder(shape: Sequence[int] | int, dtype: str = "float32", name: str = "placeholder",
+                dyn: Sequence[Var | None] | None = None) -> Tensor:
     """An input tensor.
 
     Parameters
     ----------
     shape : tuple of int
-        Static shape.
+        Static shape; for dynamic dimensions their upper bounds (the storage is always this
+        shape, row-major).
     dtype : str
         Element type ("float32", "float16", "bfloat16", "int8", ..., "bool").
     name : str
         Name (used for the kernel argument and error messages).
+    dyn : tuple of (tir.Var or None), optional
+        One entry per dimension: a Var (``te.var("n")``) for a dimension whose actual extent
+        ``<= shape[d]`` is given at run time by the argument's ``DLTensor::shape``, None for
+        a static one.  The same Var in several tensors means the same extent.
+
+    Returns
+    -------
+    Tensor
+        With ``dyn`` set (None when every dimension is static).
     """
-    return PlaceholderOp(name, _static_shape(shape, f"placeholder {name}"), check_dtype(dtype)).output(0)
+    shp = _static_shape(shape, f"placeholder {name}")
+    dy = _check_dyn(shp, dyn, f"placeholder {name}")
+    if dy is not None and all(v is None for v in dy):
+        dy = None
+    return PlaceholderOp(name, shp, check_dtype(dtype), dy).output(0)
+
+
+def set_dyn(tensor: Tensor, dyn: Sequence[Var | None] | None) -> Tensor:
+    """Declare the dynamic dimensions of a computed tensor (usually a kernel output).
+
+    The declaration is authoritative: lowering uses it instead of inferring the runtime
+    extents of ``tensor``'s data axes from what it reads, and fails with a
+    :class:`~kiln.runtime.errors.CompileError` when a read cannot be proved to stay inside
+    the valid region under it.  ``dyn=None`` returns the tensor to "infer"; a tuple of Nones
+    declares it static.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        A computed tensor (placeholders take ``dyn`` in :func:`placeholder`).
+    dyn : tuple of (tir.Var or None) or None
+        One entry per dimension, as for :func:`placeholder`.
+
+    Returns
+    -------
+    Tensor
+        ``tensor`` itself.
+    """
+    if isinstance(tensor.op, PlaceholderOp):
+        raise CompileError(f"set_dyn: {tensor.name} is a placeholder; pass dyn= to te.placeholder")
+    tensor.dyn = _check_dyn(tensor.shape, dyn, f"set_dyn {tensor.name}")
+    return tensor
 
 
 def compute(shape: Sequence[int] | int, fcompute: Callable[..., Any], name: str = "compute", tag: str = "",

@@ -3,6 +3,8 @@
 * expressions (:mod:`.expr`): ``Var``, ``IntImm``, ``FloatImm``, ``BinaryOp`` (add, sub, mul,
   div, floordiv, floormod, truncdiv, truncmod, min, max, comparisons, and/or, bit ops),
   ``Not``, ``Cast``, ``Call`` (math intrinsics), ``Select`` (lazy), ``Load`` (BufferLoad);
+* statement intrinsics (:mod:`.intrin`): :func:`set_extent` (a kernel reports a data-dependent
+  output extent);
 * statements (:mod:`.stmt`): ``For`` (kinds serial / parallel / vectorized / unrolled),
   ``BufferStore``, ``Allocate``, ``SeqStmt``, ``IfThenElse``, ``LetStmt``, ``Evaluate``;
 * ``Buffer(name, shape, dtype)``, ``PrimFunc(name, params, body, attrs)``;
@@ -21,6 +23,7 @@ from .expr import (  # noqa: F401
     structural_equal,
 )
 from .functor import Mutator, collect_vars, post_order_visit, substitute  # noqa: F401
+from .intrin import SET_EXTENT, set_extent  # noqa: F401
 from .simplify import Analyzer, simplify, simplify_stmt  # noqa: F401
 from .stmt import (  # noqa: F401
     Allocate, Buffer, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt, seq,
@@ -51,4 +54,5 @@ __all__ = [
     "Reduce", "Select", "Var", "cast", "const", "structural_equal", "Mutator", "collect_vars", "post_order_visit",
     "substitute", "Analyzer", "simplify", "simplify_stmt", "Allocate", "Buffer", "BufferStore", "Evaluate", "For",
     "ForKind", "IfThenElse", "LetStmt", "PrimFunc", "SeqStmt", "Stmt", "seq", "lower", "SUPPORTED_DTYPES",
+    "SET_EXTENT", "set_extent",
 ]

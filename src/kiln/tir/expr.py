@@ -261,16 +261,18 @@ class Call(PrimExpr):
 #: with ONNX semantics.  It evaluates to ``value + extent`` for ``-extent <= value < 0``, to
 #: ``value`` for ``0 <= value < extent``; any other value makes the kernel fail (CPU: it
 #: records "<function>: <what>: index V is out of range ..." and returns -1; GPU dialects,
-#: which have no error path, clamp).  ``extent`` is a constant.  Build it with
-#: :func:`checked_index`.
+#: which have no error path, clamp).  ``extent`` is a constant, or (an axis of dynamic
+#: extent) the runtime-extent Var of that axis.  Build it with :func:`checked_index`.
 CHECKED_INDEX = "kiln.checked_index"
 
 
-def checked_index(value: Any, extent: int, what: str) -> PrimExpr:
+def checked_index(value: Any, extent: Any, what: str) -> PrimExpr:
     """The :data:`CHECKED_INDEX` intrinsic: ``value`` (any integer type) wrapped and checked
-    against ``[-extent, extent)``; the result is an int64 in ``[0, extent)``."""
+    against ``[-extent, extent)``; the result is an int64 in ``[0, extent)``. ``extent`` is an
+    int or a runtime-extent :class:`Var`."""
     v = cast(convert(value), "int64")
-    return Call("int64", CHECKED_INDEX, [v, IntImm(int(extent), "int64")], text=what)
+    n = cast(extent, "int64") if isinstance(extent, Var) else IntImm(int(extent), "int64")
+    return Call("int64", CHECKED_INDEX, [v, n], text=what)
 
 
 class Select(PrimExpr):

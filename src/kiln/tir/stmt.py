@@ -29,9 +29,19 @@ class Buffer:
 
     ``scope`` is ``"global"`` for function parameters and workspace, ``"local"`` for small
     temporaries the codegen may keep on the stack.  ``buffer[i, j]`` builds a :class:`Load`.
+
+    ``dyn`` (parameters only) marks dynamic dimensions: ``None`` for a static buffer, else one
+    entry per dimension, a :class:`Var` (integer) for a dimension whose actual extent is only
+    known at run time, ``None`` for a static one.  Storage and strides stay those of the
+    static ``shape`` (the upper bounds); the valid data is the box ``[0:dyn0, 0:dyn1, ...]``.
+    The CPU code generators bind each Var from the first argument dimension that carries it
+    (``DLTensor::shape[d]``) at entry, after the crt's argument check has accepted
+    ``0 <= extent <= shape[d]`` there (:attr:`check_shape`); later dimensions carrying the
+    same Var must agree.
     """
 
-    def __init__(self, name: str, shape: Sequence[int], dtype: str = "float32", scope: str = "global") -> None:
+    def __init__(self, name: str, shape: Sequence[int], dtype: str = "float32", scope: str = "global",
+                 dyn: Sequence[Var | None] | None = None) -> None:
         self.name = name
         self.shape: tuple[int, ...] = tuple(int(s) for s in shape)
         if any(s < 0 for s in self.shape):
@@ -39,6 +49,7 @@ class Buffer:
         self.dtype = check_dtype(dtype)
         self.scope = scope
         self.data = Var(name, "handle")
+        self.dyn: tuple[Var | None, ...] | None = _check_dyn(name, self.shape, dyn)
 
     @property
     def ndim(self) -> int:
@@ -66,6 +77,14 @@ class Buffer:
             out.append(acc)
             acc *= s
         return tuple(reversed(out))
+
+    @property
+    def check_shape(self) -> tuple[int, ...]:
+        """The shape the argument check (``KilnCheckTensorArg`` in the crt) is given: a dynamic
+        dimension as ``-1 - max`` (negative, and distinct from a static 0), a static one as is."""
+        if self.dyn is None:
+            return self.shape
+        return tuple(s if v is None else -1 - s for s, v in zip(self.shape, self.dyn))
 
     def flat_offset(self, indices: Sequence[PrimExpr], nonneg: Any = (), who: str = "codegen") -> PrimExpr:
         """Row-major element offset of ``self[indices]``, simplified for code generation.
@@ -99,6 +118,23 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"Buffer({self.name}, {list(self.shape)}, {self.dtype})"
+
+
+def _check_dyn(name: str, shape: tuple[int, ...], dyn: Sequence[Var | None] | None) -> tuple[Var | None, ...] | None:
+    """``dyn`` as a tuple, or None when it marks no dimension dynamic."""
+    if dyn is None:
+        return None
+    dyn = tuple(dyn)
+    if len(dyn) != len(shape):
+        raise CompileError(f"buffer {name}: dyn has {len(dyn)} entries for {len(shape)} dims")
+    for d, v in enumerate(dyn):
+        if v is None:
+            continue
+        if not isinstance(v, Var) or v.dtype not in ("int32", "int64"):
+            raise CompileError(f"buffer {name}: dyn[{d}] must be an int32/int64 tir.Var or None, got {v!r}")
+        if v.dtype == "int32" and shape[d] >= 2**31:
+            raise CompileError(f"buffer {name}: dim {d} bound {shape[d]} does not fit the int32 Var {v.name}")
+    return dyn if any(v is not None for v in dyn) else None
 
 
 class Stmt:
@@ -229,6 +265,17 @@ class PrimFunc:
         from .printer import func_to_str
 
         return func_to_str(self)
+
+    @property
+    def dyn_vars(self) -> list[Var]:
+        """The dynamic-extent variables of the parameters, in binding order (first argument and
+        dimension that carries each)."""
+        out: list[Var] = []
+        for b in self.params:
+            for v in b.dyn or ():
+                if v is not None and not any(v is u for u in out):
+                    out.append(v)
+        return out
 
     def __repr__(self) -> str:
         return f"<PrimFunc {self.name}({', '.join(b.name for b in self.params)})>"

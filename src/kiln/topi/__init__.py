@@ -15,8 +15,8 @@ Every op of :func:`kiln.ir.list_ops` except ``constant`` has a compute; see ``do
 from __future__ import annotations
 
 from .registry import (
-    get_compute, get_schedule, has_compute, list_computes, register_compute, register_schedule, schedule_group,
-    target_kind,
+    get_compute, get_prim_kernel, get_schedule, has_compute, list_computes, register_compute, register_prim_kernel,
+    register_schedule, schedule_group, target_kind,
 )
 from . import _builtin  # noqa: F401  (registers the built-in computes and schedules)
 from .schedule import schedule_conv2d, schedule_dense, schedule_injective, schedule_matmul, schedule_reduce
@@ -24,5 +24,5 @@ from .schedule import schedule_conv2d, schedule_dense, schedule_injective, sched
 __all__ = [
     "register_compute", "get_compute", "has_compute", "list_computes", "register_schedule", "get_schedule",
     "schedule_group", "target_kind", "schedule_injective", "schedule_reduce", "schedule_conv2d",
-    "schedule_dense", "schedule_matmul",
+    "schedule_dense", "schedule_matmul", "register_prim_kernel", "get_prim_kernel",
 ]

@@ -102,7 +102,10 @@ def _scan(kind: str) -> Any:
             src[axis] = j
             return te.cast(load(x, src), acc)
 
-        if n <= SCAN_BLOCK_MIN:
+        # blocks index the axis as ``q * bs + r``, which no runtime extent bounds: a dynamic
+        # axis takes the direct form
+        dynamic = x.dyn is not None and x.dyn[axis] is not None
+        if n <= SCAN_BLOCK_MIN or dynamic:
             r = te.reduce_axis((0, max(n, 1)), name="r")
             # n == 0: nothing to read, and the (empty) output is never evaluated
             scan = te.compute(shape, lambda *p: red(read(p, r.var), axis=r,

@@ -84,6 +84,17 @@ def _reduce(kind: str) -> Callable[[dict, list, list], list]:
                 acc = "uint64"
             s = reduce_compute(x, axes, keep, te.sum, acc, name=name + "_sum")
             n = prod(x.shape[a] for a in axes)
+            dyn = [x.dyn[a] for a in axes if x.dyn is not None and x.dyn[a] is not None]
+            if dyn:
+                # the count is the runtime extent (the padded layout's upper bound is not)
+                count = te.const(prod(x.shape[a] for a in axes if x.dyn[a] is None), "int32")
+                for v in dyn:
+                    count = count * v
+                if is_float(acc):
+                    f = lambda v: v / te.cast(count, acc)  # noqa: E731
+                else:
+                    f = lambda v: te.truncdiv(v, te.cast(te.maximum(count, te.const(1, "int32")), acc))  # noqa: E731
+                return [te.compute(s.shape, lambda *i: te.cast(f(load(s, i)), dt), name=name, tag=TAG_ELEMWISE)]
             if is_float(acc):
                 f = (lambda v: v / te.const(float(n), acc)) if n else (lambda v: v / te.const(0.0, acc))
             else:

@@ -23,7 +23,8 @@ from ..target.kind import get_target_kind
 
 __all__ = [
     "ComputeFn", "ScheduleFn", "register_compute", "get_compute", "has_compute", "list_computes",
-    "register_schedule", "get_schedule", "schedule_group", "target_kind",
+    "register_schedule", "get_schedule", "schedule_group", "target_kind", "PrimKernelFn",
+    "register_prim_kernel", "get_prim_kernel",
 ]
 
 #: ``fn(attrs, inputs, out_types) -> list[te.Tensor]``
@@ -32,6 +33,9 @@ ComputeFn = Callable[[dict, list, list], list]
 ScheduleFn = Callable[[list, Any], Any]
 
 _COMPUTES: dict[str, ComputeFn] = {}
+#: ``fn(attrs, args: list[tir.Buffer], outs: list[tir.Buffer], name: str, target) -> PrimFunc``
+PrimKernelFn = Callable[[dict, list, list, str, Any], Any]
+_PRIM_KERNELS: dict[str, PrimKernelFn] = {}
 _SCHEDULES: dict[tuple[str, str], ScheduleFn] = {}
 
 _PATTERN_NAMES = {0: "ELEMWISE", 1: "BROADCAST", 2: "INJECTIVE", 3: "COMM_REDUCE",
@@ -141,6 +145,32 @@ def has_compute(op_name: str) -> bool:
     """Whether a compute is registered for ``op_name``."""
     _ensure_builtin()
     return op_name in _COMPUTES
+
+
+def register_prim_kernel(op_name: str, fn: PrimKernelFn | None = None) -> Any:
+    """Register a kernel written directly as loop IR for IR op ``op_name`` (a decorator too).
+
+    For ops a tensor expression cannot state: data-dependent outputs (NonZero, Unique, NMS)
+    whose kernel counts as it writes and reports the count as its output's extent
+    (``tir.set_extent``). The op must be ``OPAQUE`` (a kernel of its own). The driver calls
+    ``fn(attrs, args, outs, name, target)`` with parameter :class:`~kiln.tir.Buffer` s (``dyn``
+    set for symbolic dims the kernel reads; a data-dependent dim the kernel decides is left
+    static at its upper bound) and uses the returned :class:`~kiln.tir.PrimFunc` as is.
+    """
+
+    def reg(f: PrimKernelFn) -> PrimKernelFn:
+        if op_name in _PRIM_KERNELS:
+            raise KilnError(f"a loop-IR kernel for op {op_name!r} is already registered")
+        _PRIM_KERNELS[op_name] = f
+        return f
+
+    return reg if fn is None else reg(fn)
+
+
+def get_prim_kernel(op_name: str) -> PrimKernelFn | None:
+    """The loop-IR kernel of ``op_name`` (:func:`register_prim_kernel`), or None."""
+    _ensure_builtin()
+    return _PRIM_KERNELS.get(op_name)
 
 
 def list_computes() -> list[str]:

@@ -9,7 +9,7 @@ from .. import te
 from .registry import register_compute
 from .util import TAG_BROADCAST, TAG_INJECTIVE, bload, load, norm_axis
 
-__all__ = ["reshape", "flat_index", "unravel", "data_index"]
+__all__ = ["reshape", "reshape_padded", "flat_index", "unravel", "data_index"]
 
 
 def flat_index(idx: Sequence[Any], shape: Sequence[int]) -> Any:
@@ -40,6 +40,36 @@ def reshape(x: te.Tensor, shape: Sequence[int], name: str = "reshape") -> te.Ten
         return te.compute(shape, lambda *i: load(x, i), name=name, tag=TAG_INJECTIVE)
     return te.compute(shape, lambda *i: load(x, unravel(flat_index(i, shape), x.shape)), name=name,
                       tag=TAG_INJECTIVE)
+
+
+def reshape_padded(x: te.Tensor, shape: Sequence[int], in_ext: Sequence[Any], out_ext: Sequence[Any],
+                   name: str = "reshape") -> te.Tensor:
+    """A reshape of a tensor with dynamic dims that moves data in the padded layout.
+
+    Row-major order is over the *actual* extents (``in_ext`` / ``out_ext``: an int or the
+    runtime-extent Var per dim), not the upper bounds the storage is laid out for, so the
+    element at ``out[i]`` comes from ``x[unravel(ravel(i, out_ext), in_ext)]`` — the runtime
+    extents appear in the index arithmetic. Every read stays inside ``x``'s valid box by
+    construction, which the dynamic-extent analysis cannot see: the compute says so
+    (``dyn_reads_in_bounds``).
+    """
+    shape = tuple(int(s) for s in shape)
+    nd = len(x.shape)
+
+    def body(*i: Any) -> Any:
+        flat: Any = te.const(0)
+        for idx, e in zip(i, out_ext):
+            flat = flat * e + idx
+        src: list[Any] = [te.const(0)] * nd
+        for k in reversed(range(nd)):
+            if k == 0:
+                src[0] = flat
+            else:
+                src[k] = te.floormod(flat, in_ext[k])
+                flat = te.floordiv(flat, in_ext[k])
+        return load(x, src)
+
+    return te.compute(shape, body, name=name, tag=TAG_INJECTIVE, attrs={"dyn_reads_in_bounds": True})
 
 
 @register_compute("reshape")
@@ -133,9 +163,14 @@ def data_index(v: Any, x: te.Tensor, axis: int, op: str) -> Any:
     """
     n = int(x.shape[axis])
     what = f"{op}: index into axis {axis} (size {n}) of data with shape {tuple(int(d) for d in x.shape)}"
+    # an axis of dynamic extent checks against (and wraps negatives by) its runtime extent:
+    # an index into the padding is as out of range as one past the storage
+    rt = x.dyn[axis] if x.dyn is not None else None
+    if rt is not None:
+        what = f"{op}: index into axis {axis} (dynamic size, at most {n}) of data"
     # the checked value lies in [0, n): int32 keeps the offset arithmetic as narrow as a loop
     # index's (the codegens widen offsets of buffers with 2**31 or more elements)
-    return te.cast(te.checked_index(v, n, what), "int32")
+    return te.cast(te.checked_index(v, n if rt is None else rt, what), "int32")
 
 
 @register_compute("take")

@@ -182,6 +182,7 @@ class _Builder:
 
     def __init__(self, graph: Graph) -> None:
         self.g = Graph(graph.name)
+        self.g.copy_dims(graph)
         self.plain: dict[Value, Value] = {}
         self.blocked: dict[Value, tuple[Value, int]] = {}
         self.reblocked: dict[tuple[Value, int], Value] = {}

@@ -36,6 +36,11 @@ Every reshape made here is created with ``alias=True``: its source is a node out
 graph input that is not itself a graph output, which is exactly when
 :func:`~kiln.transform.simplify.mark_alias` allows aliasing, so it runs after ``Simplify``
 and still yields ``__nop`` reshapes.
+
+Dynamic graphs: the rows are the (symbolic) product of the leading dims, e.g. ``batch*seq``;
+every reshape made here carries its symbolic target (``sym_shape``) so the reshape back to
+``[batch, seq, N]`` is exact, and shapes are compared by their dims (symbols included), not
+only by their upper bounds.
 """
 
 from __future__ import annotations
@@ -45,8 +50,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..ir import Graph, Node, OpPattern, Value, dead_code_elimination, get_op, rewrite
+from ..ir import Graph, Node, OpPattern, TensorType, Value, dead_code_elimination, get_op, rewrite
+from ..ir.sym_rules import same_padded_layout
 from ..ir.ops._util import norm_axis
+from ..runtime import sym
+from ..runtime.sym import Dim
 from .pipeline import Pass
 
 __all__ = ["flatten_matmul", "FlattenMatmul"]
@@ -62,14 +70,25 @@ _BROADCAST_OPS = frozenset({
 })
 
 
-def _reshape(g: Graph, v: Value, shape: Sequence[int]) -> Value:
-    """A free reshape of ``v`` (constants are reshaped in place, others alias their input)."""
+def _prod(dims: Sequence[Dim]) -> Dim:
+    p: Dim = 1
+    for d in dims:
+        p = sym.mul(p, d)
+    return p
+
+
+def _reshape(g: Graph, v: Value, shape: Sequence[int], dims: Sequence[Dim] | None = None) -> Value:
+    """A free reshape of ``v`` (constants are reshaped in place, others alias their input);
+    ``dims`` is the symbolic target of a dynamic value (default: ``shape``)."""
     shape = tuple(int(d) for d in shape)
-    if v.shape == shape:
+    dims = shape if dims is None else tuple(dims)
+    if v.shape == shape and v.type.dims == dims:
         return v
     arr = v.const_value
     if arr is not None:
         return g.add_constant(np.ascontiguousarray(arr).reshape(shape))
+    if any(isinstance(d, str) for d in dims):
+        return g.add("reshape", v, newshape=shape, alias=True, sym_shape=dims)
     return g.add("reshape", v, newshape=shape, alias=True)
 
 
@@ -100,25 +119,41 @@ def _shared_matrix(a: Value, b: Value) -> np.ndarray | Value | None:
     return flat[0]
 
 
-def _flat_operand(g: Graph, v: Value, out_shape: tuple[int, ...], rows: int
-                  ) -> Value | None:
+def _flat_operand(g: Graph, v: Value, out_shape: tuple[int, ...], rows: int,
+                  out_dims: tuple[Dim, ...] | None = None) -> Value | None:
     """``v`` as an operand of the 2-D ``(rows, N)`` version of an op with output ``out_shape``.
 
     ``None`` when ``v``'s broadcast does not survive merging the leading dims.
     """
     nd = len(out_shape)
+    out_dims = out_shape if out_dims is None else out_dims
     if v.type.ndim == 0:
         return v
     if v.type.ndim > nd:
         return None
-    padded = (1,) * (nd - v.type.ndim) + v.shape
+    padded = (1,) * (nd - v.type.ndim) + v.type.dims
     lead, last = padded[:-1], padded[-1]
+    if isinstance(last, str):
+        return None
     if all(d == 1 for d in lead):
         # broadcast along whole rows (a bias): keep it 1-D so it broadcasts over the rows
         return _reshape(g, v, (last,))
-    if lead == out_shape[:-1]:
-        return _reshape(g, v, (rows, last))
+    if lead == out_dims[:-1]:
+        return _reshape(g, v, (rows, last), (_prod(lead), last))
     return None
+
+
+def _rows_free(v: Value) -> bool:
+    """Whether merging ``v``'s leading dims into rows is a free alias. In the padded layout of
+    a dynamic graph it is not when a symbolic dim sits inside the leading dims (``[batch, seq,
+    K]``: row ``b*seq + s`` is not where the data of ``(b, s)`` is); such products keep their
+    leading dims, which the kernels bound one by one."""
+    t = v.type
+    if t.sym is None:
+        return True
+    rows = TensorType((math.prod(t.shape[:-1]), t.shape[-1]), t.dtype,
+                      (_prod(t.dims[:-1]), t.dims[-1]))
+    return same_padded_layout(t, rows)
 
 
 class _Flattener:
@@ -132,12 +167,13 @@ class _Flattener:
         """``v`` as ``(rows, K)``: the flat value it was reshaped from (a chain dense -> act ->
         dense stays 2-D throughout) or a new free reshape."""
         src = self.flat.get(v)
-        if src is not None and src[0].shape == (rows, v.shape[-1]):
+        dims = (_prod(v.type.dims[:-1]), v.type.dims[-1])
+        if src is not None and src[0].shape == (rows, v.shape[-1]) and src[0].type.dims == dims:
             return src[0]
-        return _reshape(g, v, (rows, v.shape[-1]))
+        return _reshape(g, v, (rows, v.shape[-1]), dims)
 
-    def _finish(self, g: Graph, y2: Value, out_shape: tuple[int, ...], rows: int) -> Value:
-        y = _reshape(g, y2, out_shape)
+    def _finish(self, g: Graph, y2: Value, out: Value, rows: int) -> Value:
+        y = _reshape(g, y2, out.shape, out.type.dims)
         self.flat[y] = (y2, rows)
         return y
 
@@ -150,18 +186,18 @@ class _Flattener:
 
     def _dense(self, g: Graph, node: Node, ins: list[Value]) -> list[Value] | None:
         data, weight = ins
-        if data.type.ndim <= 2:
+        if data.type.ndim <= 2 or not _rows_free(data):
             return None
         rows = math.prod(data.shape[:-1])
         y2 = g.add("dense", self._rows(g, data, rows), weight, name=node.name)
-        return [self._finish(g, y2, node.outputs[0].shape, rows)]
+        return [self._finish(g, y2, node.outputs[0], rows)]
 
     def _matmul(self, g: Graph, node: Node, ins: list[Value]) -> list[Value] | None:
         a, b = ins
         if a.type.ndim < 2 or b.type.ndim < 2 or (a.type.ndim == 2 and b.type.ndim == 2):
             return None
         mat = _shared_matrix(a, b)
-        if mat is None:
+        if mat is None or not _rows_free(a):
             return None
         kk, nn = b.shape[-2:]
         rows = math.prod(a.shape[:-1])
@@ -172,15 +208,17 @@ class _Flattener:
             y2 = g.add("dense", a2, w, name=node.name)
         else:
             y2 = g.add("matmul", a2, _reshape(g, mat, (kk, nn)), name=node.name)
-        return [self._finish(g, y2, node.outputs[0].shape, rows)]
+        return [self._finish(g, y2, node.outputs[0], rows)]
 
     def _epilogue(self, g: Graph, node: Node, ins: list[Value]) -> list[Value] | None:
         src = next((self.flat[v] for v in ins if v in self.flat), None)
         if src is None or len(node.outputs) != 1:
             return None
         out_shape = node.outputs[0].shape
-        _, rows = src
-        if len(out_shape) < 2 or math.prod(out_shape[:-1]) != rows:
+        out_dims = node.outputs[0].type.dims
+        flat2, rows = src
+        if len(out_shape) < 2 or math.prod(out_shape[:-1]) != rows \
+                or flat2.type.dims[0] != _prod(out_dims[:-1]):
             return None
         pattern = get_op(node.op).pattern
         attrs = dict(node.attrs)
@@ -192,19 +230,19 @@ class _Flattener:
             return None
         new_ins = []
         for v in ins:
-            if v in self.flat and v.shape == out_shape:
+            if v in self.flat and v.shape == out_shape and v.type.dims == out_dims:
                 new_ins.append(self.flat[v][0])
                 continue
-            fv = _flat_operand(g, v, out_shape, rows)
+            fv = _flat_operand(g, v, out_shape, rows, out_dims)
             if fv is None:
                 return None
             new_ins.append(fv)
         y2 = g.add_node(node.op, new_ins, attrs, name=node.name)[0]
-        if y2.shape != (rows, out_shape[-1]):
+        if y2.shape != (rows, out_shape[-1]) or y2.type.dims != (flat2.type.dims[0], out_dims[-1]):
             # every operand broadcast away the rows (cannot happen with a flat input, but the
             # 2-D op must have the 2-D output shape for the reshape back to be exact)
             return None
-        return [self._finish(g, y2, out_shape, rows)]
+        return [self._finish(g, y2, node.outputs[0], rows)]
 
 
 def flatten_matmul(graph: Graph) -> Graph:

@@ -46,6 +46,8 @@ def fold_constant(graph: Graph, max_bytes: int = DEFAULT_FOLD_LIMIT,
             return None
         if not all(v.is_constant for v in ins):
             return None
+        if any(v.type.is_dynamic for v in node.outputs):
+            return None  # a constant has no symbolic dims (broadcast_to with sym_shape)
         out_bytes = sum(v.type.nbytes for v in node.outputs)
         in_bytes = sum(v.type.nbytes for v in ins)
         if out_bytes > max(max_bytes, in_bytes):
@@ -89,6 +91,7 @@ def bind_params(graph: Graph, params: Mapping[str, Any], strict: bool = True) ->
         raise InputError(f"bind_params: {unknown} are not graph inputs; inputs: "
                          f"{graph.input_names}")
     new = Graph(graph.name)
+    new.copy_dims(graph)
     vmap: dict[Value, Value] = {}
     for v in graph.inputs:
         if v.name in params:

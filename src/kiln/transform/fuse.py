@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from ..ir import Graph, Node, OpPattern, Value, get_op
+from ..ir.sym_rules import same_padded_layout
 
 __all__ = ["FusedGroup", "FusedGraph", "fuse_ops", "FuseOps", "is_alias_reshape"]
 
@@ -235,8 +236,12 @@ def fuse_ops(graph: Graph, opt_level: int = 3, max_group_size: int = MAX_GROUP_S
     for node in reversed(order):
         pat = _pattern(node)
         alias = is_alias_reshape(node)
+        # a reshape that moves data in the padded layout of dynamic dims is a kernel of its own
+        # (its runtime extents come from its own input and output)
+        moving = node.op == "reshape" and not alias and not same_padded_layout(node.inputs[0].type,
+                                                                              node.outputs[0].type)
         target: _Group | None = None
-        if opt_level >= 1 and not alias and pat not in (OpPattern.OPAQUE, OpPattern.TUPLE):
+        if opt_level >= 1 and not alias and not moving and pat not in (OpPattern.OPAQUE, OpPattern.TUPLE):
             cons_groups = set()
             ok = True
             for v in node.outputs:
@@ -256,7 +261,7 @@ def fuse_ops(graph: Graph, opt_level: int = 3, max_group_size: int = MAX_GROUP_S
                     target.nodes.append(node)
                     group_of[node] = target
                     continue
-        g = _Group(node, pat, closed=alias or pat in (OpPattern.OPAQUE, OpPattern.TUPLE))
+        g = _Group(node, pat, closed=alias or moving or pat in (OpPattern.OPAQUE, OpPattern.TUPLE))
         groups.append(g)
         group_of[node] = g
 

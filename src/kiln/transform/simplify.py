@@ -9,6 +9,7 @@ import numpy as np
 from ..ir import Graph, Node, Value, dead_code_elimination, rewrite
 from ..ir.graph import _copy_node
 from ..ir.ops._util import norm_axis
+from ..ir.sym_rules import same_padded_layout
 from ..ir.types import np_dtype
 from .pipeline import Pass, Sequential
 
@@ -24,6 +25,8 @@ __all__ = [
 # ----------------------------------------------------------------------------- identities
 def _is_noop(node: Node) -> bool:
     op = node.op
+    if node.outputs and node.inputs and node.outputs[0].type.sym != node.inputs[0].type.sym:
+        return False  # e.g. a slice keeping element 0 of a symbolic axis whose bound is 1
     if op in ("identity", "dropout"):
         return True
     if op == "reshape":
@@ -227,7 +230,9 @@ def mark_alias(graph: Graph) -> Graph:
         if node.op != "reshape":
             return None
         src = ins[0]
-        legal = not (node.outputs[0] in outputs and (src.node is None or src.is_constant))
+        # with dynamic dims, only a reshape that keeps the padded layout may alias
+        legal = not (node.outputs[0] in outputs and (src.node is None or src.is_constant)) \
+            and same_padded_layout(src.type, node.outputs[0].type)
         if node.attrs["alias"] == legal:
             return None
         return g.add_node("reshape", ins, {**node.attrs, "alias": legal}, name=node.name)
@@ -242,7 +247,11 @@ def _merge_reshapes(graph: Graph) -> Graph:
         src = ins[0] if ins else None
         if node.op == "reshape" and src is not None and src.node is not None \
                 and src.node.op == "reshape":
-            return g.add_node("reshape", [src.node.inputs[0]], node.attrs, name=node.name)
+            attrs = node.attrs
+            if attrs.get("sym_shape") is None and node.outputs[0].type.is_dynamic:
+                # The merged reshape may no longer see how the inner one split a symbolic dim.
+                attrs = {**attrs, "sym_shape": node.outputs[0].type.dims}
+            return g.add_node("reshape", [src.node.inputs[0]], attrs, name=node.name)
         return None
 
     return rewrite(graph, visit)

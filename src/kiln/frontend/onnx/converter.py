@@ -24,17 +24,22 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ...ir import Graph, Value, dead_code_elimination, get_op
 from ...ir.types import DTYPES, TensorType, np_dtype
+from ...runtime import sym
+from ..dims import dim_value
 from ...runtime.errors import (FormatError, InputError, KilnError, KilnFileNotFoundError,
                                UnsupportedOpError)
-from .fold import blocking_nodes, converter_key, fold_node, is_default_domain
+from ...runtime.sym import Dim
+from . import symvalues
+from .fold import DATA_DEPENDENT, blocking_nodes, converter_key, fold_node, is_default_domain, static_names
 
-__all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops", "convert_nodes",
+__all__ = ["from_onnx", "load_onnx", "onnx_op", "Context", "supported_ops", "convert_nodes", "symbol_names",
            "NodeAttrs", "check_size", "MAX_TENSOR_ELEMENTS", "conversion_errors"]
 
 ConverterFn = Callable[["Context", Any, list, dict], "list[Value] | Value"]
@@ -95,6 +100,7 @@ def _load_converters() -> None:
     from . import ops_control, ops_math, ops_nn, ops_tensor  # noqa: F401
     from . import ops_attention, ops_index, ops_integer, ops_loss, ops_recurrent, ops_spatial  # noqa: F401
     from . import ops_ml  # noqa: F401
+    from . import ops_dynamic  # noqa: F401  (after ops_index, ops_math, ops_tensor: takes over Compress, TopK, Range)
 
 
 def _elem_type_name(elem_type: int) -> str:
@@ -202,6 +208,12 @@ class Context:
         self.collect: tuple[list[dict[str, str]], list[int]] | None = None
         #: ONNX name -> IR value of the graph being converted (subgraphs read outer names).
         self.env: dict[str, Value] = {}
+        #: Symbolic shape values (:mod:`.symvalues`): value -> object array of its dims. Such a
+        #: value is never added to the graph; :meth:`emit` evaluates ops on it at import.
+        self.sym_values: dict[Value, np.ndarray] = {}
+        #: ONNX names static at import (:func:`.fold.static_names`): data-dependent ops on them
+        #: are evaluated at import instead of compiled
+        self.onnx_static: set[str] = set()
 
     # -------------------------------------------------------------- emitting
     @property
@@ -214,7 +226,13 @@ class Context:
         """Add a node, or fold it to constants when every input is a constant."""
         inputs = list(inputs)
         name = self.node.name if self.node is not None else None
-        if inputs and op != "constant" and all(v.is_constant for v in inputs):
+        if self.sym_values and any(v in self.sym_values for v in inputs):
+            return self._emit_symbolic(op, inputs, attrs)
+        # An op given symbolic output dims (``sym_shape``) is never folded: its constant would
+        # have the upper-bound shape.
+        dynamic = attrs is not None and any(k.startswith("sym_") and a is not None
+                                            for k, a in attrs.items())
+        if inputs and op != "constant" and not dynamic and all(v.is_constant for v in inputs):
             opdef = get_op(op)
             try:
                 opdef.check_num_inputs(len(inputs))
@@ -228,6 +246,74 @@ class Context:
                 return [self.const(np.asarray(o).astype(np_dtype(t.dtype), copy=False)
                                    .reshape(t.shape)) for o, t in zip(outs, types)]
         return self.graph.add_node(op, inputs, attrs, name=name)
+
+    def _emit_symbolic(self, op: str, inputs: list[Value], attrs: dict[str, Any] | None
+                       ) -> list[Value]:
+        """:meth:`emit` of an op reading a symbolic shape value: evaluated at import when the
+        dims determine the result, else emitted on the value computed at run time
+        (:meth:`materialize`) — never on the upper bounds."""
+        opdef = get_op(op)
+        try:
+            opdef.check_num_inputs(len(inputs))
+            norm = opdef.normalize_attrs(attrs)
+            types = opdef.type_rel([v.type for v in inputs], norm)
+        except InputError as exc:
+            raise self.bad(f"{op}: {exc}") from None
+        if all(v.is_constant or v in self.sym_values for v in inputs):
+            vals = [self.sym_values[v] if v in self.sym_values else symvalues.to_object(_const(v))
+                    for v in inputs]
+            try:
+                outs = symvalues.evaluate(op, opdef.ref, vals, norm, [t.dtype for t in types],
+                                          self.graph.dim_ranges)
+            except (symvalues.Unresolved, InputError) as exc:
+                reason = str(exc)
+            else:
+                return [self.shape_value(o, t.dtype) for o, t in zip(outs, types)]
+        else:
+            reason = "it is combined with a tensor computed at run time"
+        # Not a function of the dims alone (sqrt(seq), seq as an index stride): compute the
+        # dims as tensor data at run time and emit the op on that.
+        ins = [self.materialize(v, reason) if v in self.sym_values else v for v in inputs]
+        return self.emit(op, ins, attrs)
+
+    def materialize(self, v: Value, reason: str = "") -> Value:
+        """The symbolic shape value ``v`` as a tensor computed at run time.
+
+        A symbolic dim ``d`` is a ``dim_value`` node over values that carry its symbols
+        (:func:`kiln.frontend.dims.dim_value`): the kernel reads their runtime extents. Raises an
+        UnsupportedOpError naming the node for a dim that may be negative.
+        """
+        arr = self.sym_values[v]
+        parts = []
+        for x in arr.reshape(-1):
+            try:
+                d = symvalues.to_dim(x)
+            except symvalues.Unresolved as exc:
+                raise self.unsupported(f"the shape value {symvalues.describe(arr)}: {exc}") from None
+            if isinstance(d, int):
+                parts.append(self.const(np.array([d], dtype=np.int64)))
+                continue
+            lo, hi = sym.bounds(d, self.graph.dim_ranges)
+            if lo < 0:
+                raise UnsupportedOpError(
+                    f"{self.where}: the shape value {symvalues.describe(arr)} is needed as "
+                    f"tensor data ({reason}), but its entry {d} may be negative ({lo}..{hi}), "
+                    f"which Kiln cannot compute from the symbolic dims")
+            parts.append(dim_value(self.graph, d))
+        out = parts[0] if len(parts) == 1 else self.emit1("concatenate", *parts, axis=0)
+        out = self.cast(out, v.dtype)
+        return self.reshape(out, v.shape)
+
+    def shape_value(self, content: Any, dtype: str) -> Value:
+        """A value holding ``content`` (an array of dims): a constant when every entry is an
+        int, else a symbolic shape value (:attr:`sym_values`) of dtype ``dtype``."""
+        arr = np.asarray(content, dtype=object) if not isinstance(content, np.ndarray) \
+            or content.dtype != object else content
+        if not symvalues.has_symbols(arr):
+            return self.const(np.asarray(arr.tolist(), dtype=np_dtype(dtype)).reshape(arr.shape))
+        v = Value(TensorType(arr.shape, dtype))  # never added to the graph
+        self.sym_values[v] = arr
+        return v
 
     def emit1(self, op: str, *inputs: Value, **attrs: Any) -> Value:
         """Single-output :meth:`emit` with keyword attributes."""
@@ -249,6 +335,11 @@ class Context:
     def static(self, v: Value | None, what: str) -> np.ndarray:
         """The array of ``v``; UnsupportedOpError if it is only known at run time."""
         arr = self.try_static(v)
+        if arr is None and v in self.sym_values:
+            raise UnsupportedOpError(
+                f"{self.where}: input {what!r} is the shape value "
+                f"{symvalues.describe(self.sym_values[v])}, which holds symbolic dims, and this "
+                f"converter needs it static; pin the dims with from_onnx(shape=...)")
         if arr is None:
             raise UnsupportedOpError(
                 f"{self.where}: input {what!r} must be a constant (Kiln compiles static "
@@ -263,17 +354,71 @@ class Context:
             raise self.bad(f"input {what!r} must hold integers, got {arr[:8].tolist()}")
         return tuple(int(x) for x in arr)
 
+    def sym_ints(self, v: Value | None, what: str) -> tuple[Dim, ...]:
+        """A 0-/1-D integer input as dims: ints, or symbolic expressions for a shape value
+        computed from symbolic dims (:attr:`sym_values`)."""
+        if v is not None and v in self.sym_values:
+            return tuple(symvalues.to_dim(x) for x in self.sym_values[v].reshape(-1))
+        return self.static_ints(v, what)
+
+    def dims(self, v: Value) -> tuple[Dim, ...]:
+        """The dims of ``v``: ints, and symbolic expressions for its symbolic dims."""
+        return tuple(v.type.dims)
+
+    def is_dynamic(self, v: Value) -> bool:
+        """Whether ``v`` has a symbolic dim."""
+        return v.type.sym is not None
+
+    def upper(self, dims: Sequence[Dim]) -> tuple[int, ...]:
+        """The static upper-bound shape of ``dims`` over the graph's dim ranges."""
+        return tuple(symvalues.dim_hi(d, self.graph.dim_ranges) for d in dims)
+
+    def reshape_dims(self, v: Value, dims: Sequence[Dim]) -> Value:
+        """Reshape to ``dims`` (ints or symbolic); no-op when equal."""
+        dims = tuple(sym.canonical(d) for d in dims)
+        if dims == tuple(v.type.dims):
+            return v
+        if not any(isinstance(d, str) for d in dims):
+            return self.emit1("reshape", v, newshape=dims)
+        return self.emit1("reshape", v, newshape=self.upper(dims), sym_shape=dims)
+
     def is_static(self, v: Value | None) -> bool:
         """Whether ``v`` is a constant or parameter."""
         return self.try_static(v) is not None
 
     # -------------------------------------------------------------- shape helpers
     def reshape(self, v: Value, shape: Sequence[int]) -> Value:
-        """Reshape to a static shape (no-op when equal)."""
+        """Reshape to a static shape (no-op when equal).
+
+        For a value with symbolic dims, ``shape`` is read as its upper-bound shape with unit
+        dims inserted or removed (the converters' bias / broadcast reshapes); any other
+        reshape of it needs :meth:`reshape_dims`.
+        """
         shape = tuple(int(d) for d in shape)
+        if v.type.sym is not None:
+            return self.reshape_dims(v, self._unit_reshape(v, shape))
         if shape == v.shape:
             return v
         return self.emit1("reshape", v, newshape=shape)
+
+    def _unit_reshape(self, v: Value, shape: tuple[int, ...]) -> tuple[Dim, ...]:
+        """The dims of ``v`` laid out as ``shape``, which differs from ``v.shape`` in unit dims."""
+        src = [(d, s) for d, s in zip(v.shape, v.type.dims) if not (d == 1 and s == 1)]
+        out: list[Dim] = []
+        k = 0
+        for d in shape:
+            if k < len(src) and src[k][0] == d:
+                out.append(src[k][1])
+                k += 1
+            elif d == 1:
+                out.append(1)
+            else:
+                k = -1
+                break
+        if k != len(src):
+            raise self.unsupported(f"reshaping {v.type} with symbolic dims to the static shape "
+                                   f"{shape} is not supported")
+        return tuple(out)
 
     def cast(self, v: Value, dtype: str) -> Value:
         """Cast (no-op when the dtype matches)."""
@@ -398,6 +543,12 @@ def _check_graph(graph: Any) -> None:
                 raise InputError(f"graph {graph.name!r} declares {what} {vi.name!r} twice; "
                                  f"{what} names must be unique")
             seen.add(vi.name)
+            kind = vi.type.WhichOneof("value") if vi.HasField("type") else None
+            if kind not in (None, "tensor_type"):
+                # a sequence / optional / map value would come back as a plain tensor: refuse it
+                raise UnsupportedOpError(
+                    f"graph {graph.name!r} {what} {vi.name!r} has type {kind}; Kiln supports tensor values "
+                    "only (sequence, optional and map types are not supported)")
 
 
 @functools.cache
@@ -461,32 +612,103 @@ def _check_node(node: Any, opset: int, attrs: Mapping[str, Any]) -> None:
                              f"{names.Name(want)}, got {got}")
 
 
-def _input_type(vi: Any, shape: Sequence[int] | None, dtype: str | None) -> TensorType:
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+def symbol_names(graph: Any, skip: set[str]) -> dict[str, str]:
+    """ONNX ``dim_param`` -> Kiln symbol name, for the inputs of ``graph`` not in ``skip``.
+
+    A dim_param that is not a valid symbol name (:func:`kiln.runtime.sym.check_name`) has every
+    other character replaced by ``_`` (and ``_`` put before a leading digit); two dim_params
+    that would collide get ``_2``, ``_3`` ... The same dim_param is the same symbol everywhere.
+    """
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for vi in graph.input:
+        if vi.name in skip or not vi.type.HasField("tensor_type"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            p = str(d.dim_param) if d.HasField("dim_param") else ""
+            if not p or p in names:
+                continue
+            base = _NOT_NAME.sub("_", p)
+            base = "_" + base if base[0].isdigit() else base
+            name, k = base, 2
+            while name in taken:
+                name, k = f"{base}_{k}", k + 1
+            names[p] = name
+            taken.add(name)
+    return names
+
+
+def _input_dims(vi: Any, shape: Sequence[Dim] | None, params: Mapping[str, str]) -> tuple[Dim, ...]:
+    """The dims of graph input ``vi``: from ``shape=`` when given, else from the model (a
+    ``dim_param`` is the symbol ``params`` names)."""
     tt = vi.type.tensor_type
-    if not vi.type.HasField("tensor_type"):
-        raise UnsupportedOpError(f"graph input {vi.name!r} is not a tensor")
-    dt = dtype or onnx_dtype(tt.elem_type)
     if shape is not None:
-        shape = tuple(int(d) for d in shape)
-        check_size(shape, f"shape= for graph input {vi.name!r}")
-        return TensorType(shape, dt)
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+            raise InputError(f"shape= for graph input {vi.name!r} must be a sequence of dims, "
+                             f"got {shape!r}")
+        dims: list[Dim] = []
+        for d in shape:
+            if isinstance(d, str):
+                try:
+                    dims.append(sym.canonical(d))
+                except InputError as exc:
+                    raise InputError(f"shape= for graph input {vi.name!r}: {exc}") from None
+            else:
+                dims.append(int(d))
+        return tuple(dims)
     if not tt.HasField("shape"):
         raise InputError(f"graph input {vi.name!r} has no shape; pass shape={{{vi.name!r}: ...}}")
     dims = []
     for d in tt.shape.dim:
         if d.HasField("dim_value") and d.dim_value >= 0:
-            dims.append(d.dim_value)
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(params[str(d.dim_param)])
         else:
-            sym = d.dim_param or "?"
-            raise InputError(f"graph input {vi.name!r} has a dynamic dimension ({sym!r}); "
-                             f"pass shape={{{vi.name!r}: (...)}} to from_onnx")
-    check_size(dims, f"graph input {vi.name!r}")
-    return TensorType(tuple(dims), dt)
+            raise InputError(f"graph input {vi.name!r} has a dynamic dimension ('?') without a "
+                             f"name; pass shape={{{vi.name!r}: (...)}} to from_onnx")
+    return tuple(dims)
 
 
-def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = None,
+def _declare_dims(graph: Graph, inputs: Mapping[str, tuple[Dim, ...]],
+                  dim_ranges: Mapping[str, Sequence[int]], params: Mapping[str, str]) -> None:
+    """Declare the range of every symbol the inputs use; InputError for a symbol without one,
+    or a range for a dim the model does not have."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for key, rng in dim_ranges.items():
+        name = params.get(key, key)
+        sym.check_name(name)
+        ranges[name] = sym.check_range(name, rng)
+    used: dict[str, tuple[str, Dim]] = {}
+    for inp, dims in inputs.items():
+        for d in dims:
+            if isinstance(d, str):
+                for s in sorted(sym.symbols(d)):
+                    used.setdefault(s, (inp, d))
+    shown = {v: k for k, v in params.items()}
+    for s, (inp, _d) in used.items():
+        if s not in ranges:
+            orig = shown.get(s, s)
+            named = f"dim_param {orig!r} (symbol {s!r})" if orig != s else f"{s!r}"
+            raise InputError(
+                f"graph input {inp!r} has the dynamic dimension {named} and no range for it; "
+                f"pass dim_ranges={{{s!r}: (1, N)}} to from_onnx to import it as a symbolic "
+                f"dim, or pin it with shape={{{inp!r}: (...)}}")
+        graph.declare_dim(s, *ranges[s])
+    known = set(params) | set(params.values()) | set(used)
+    unknown = sorted(k for k in dim_ranges if k not in known)
+    if unknown:
+        raise InputError(f"dim_ranges= names unknown dimension(s) {unknown}; the model's "
+                         f"dynamic dimensions: {sorted(params) or 'none'}")
+
+
+def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None = None,
               dtype: str | Mapping[str, str] | None = None,
               freeze: Mapping[str, np.ndarray] | bool | None = None,
+              dim_ranges: Mapping[str, Sequence[int]] | None = None,
               ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Convert an ONNX model to a Kiln graph.
 
@@ -495,18 +717,30 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
     model_or_path : onnx.ModelProto, str, os.PathLike or bytes
         The model.
     shape : dict, optional
-        ``{input_name: shape}`` overriding (or fixing dynamic) input shapes.
+        ``{input_name: dims}`` overriding input shapes. A dim is an ``int`` (pinned) or a
+        symbolic expression (``"seq"``, ``"2*seq"``) whose symbols get ranges from
+        ``dim_ranges``. An input not named keeps the model's dims: ``dim_value`` s and, for a
+        ``dim_param``, the symbol of that name (made a valid name, see :func:`symbol_names`;
+        inputs with the same dim_param share it).
     dtype : str or dict, optional
         Input dtype override: one dtype for every floating-point input, or
         ``{input_name: dtype}``.
     freeze : dict or bool, optional
         ``{input_name: array}`` turns runtime inputs into constants (shape tensors fed as inputs,
         as in the ONNX node tests). ``True`` turns every initializer into a constant too.
+    dim_ranges : dict, optional
+        ``{dim: (lo, hi)}``: the runtime range of each symbolic dim (``1 <= lo <= hi``), keyed
+        by the model's dim_param or the symbol name. Every symbolic dim an input keeps needs
+        one; values are stored at the upper bounds ``hi``. Without symbolic dims (every dim
+        pinned) the graph is static, exactly as before.
 
     Returns
     -------
     graph : Graph
-        Inputs are the model's runtime inputs followed by the parameter placeholders.
+        Inputs are the model's runtime inputs followed by the parameter placeholders. With
+        symbolic dims, ``graph.dim_ranges`` holds their ranges and value types their dims;
+        shape computations on them (``Shape -> Gather -> Concat -> Reshape``, ``Range``,
+        ``ConstantOfShape``, ``Expand``) are evaluated symbolically at import.
     params : dict of str to numpy.ndarray
         Initializer values still used by the graph.
 
@@ -515,12 +749,14 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = No
     UnsupportedOpError
         Unsupported op types (all listed in one message) or unsupported variants.
     InputError
-        Missing/dynamic shapes, unknown names in ``shape``/``freeze``, type mismatches.
+        Missing/dynamic shapes, a symbolic dim without a range, unknown names in
+        ``shape``/``freeze``/``dim_ranges``, type mismatches.
     """
-    return _convert(model_or_path, shape, dtype, freeze, None)
+    return _convert(model_or_path, shape, dtype, freeze, None, dim_ranges)
 
 
-def conversion_errors(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None = None,
+def conversion_errors(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None = None,
+                      dim_ranges: Mapping[str, Sequence[int]] | None = None,
                       ) -> tuple[list[dict[str, str]], int]:
     """Every node :func:`from_onnx` cannot convert, instead of only the first.
 
@@ -533,7 +769,9 @@ def conversion_errors(model_or_path: Any, shape: Mapping[str, Sequence[int]] | N
     model_or_path : onnx.ModelProto, str, os.PathLike or bytes
         The model.
     shape : dict, optional
-        ``{input_name: shape}``, as for :func:`from_onnx`.
+        ``{input_name: dims}``, as for :func:`from_onnx`.
+    dim_ranges : dict, optional
+        ``{dim: (lo, hi)}``, as for :func:`from_onnx`.
 
     Returns
     -------
@@ -551,14 +789,15 @@ def conversion_errors(model_or_path: Any, shape: Mapping[str, Sequence[int]] | N
     """
     errors: list[dict[str, str]] = []
     counts = [0]
-    _convert(model_or_path, shape, None, None, (errors, counts))
+    _convert(model_or_path, shape, None, None, (errors, counts), dim_ranges)
     return errors, counts[0]
 
 
-def _convert(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None,
+def _convert(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None,
              dtype: str | Mapping[str, str] | None,
              freeze: Mapping[str, np.ndarray] | bool | None,
              collect: tuple[list[dict[str, str]], list[int]] | None,
+             dim_ranges: Mapping[str, Sequence[int]] | None = None,
              ) -> tuple[Graph, dict[str, np.ndarray]]:
     """:func:`from_onnx`; with ``collect`` (errors, [skipped]) node errors are recorded there."""
     _load_converters()
@@ -589,18 +828,18 @@ def _convert(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None,
             raise InputError(f"dtype= names unknown input(s) {unknown}")
 
     ctx = Context(opset, g.name or "main")
+    ctx.onnx_static = static_names(g, set(freeze_map))
     ctx.collect = collect
     ctx.opsets.update({imp.domain: imp.version for imp in model.opset_import
                        if imp.domain not in ("", "ai.onnx")})
     env: dict[str, Value] = {}
     ctx.env = env
+    params_of = symbol_names(g, set(freeze_map) | init_names)
+    runtime_inputs: list[tuple[Any, tuple[Dim, ...], str | None]] = []
     for vi in real_inputs:
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedOpError(f"graph input {vi.name!r} is not a tensor")
         if vi.name in freeze_map:
-            arr = np.asarray(freeze_map[vi.name])
-            want = onnx_dtype(vi.type.tensor_type.elem_type)
-            env[vi.name] = ctx.const(arr.astype(np_dtype(want), copy=False))
             continue
         if isinstance(dtype, Mapping):
             dt = dtype.get(vi.name)
@@ -610,8 +849,25 @@ def _convert(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None,
             src = onnx_dtype(vi.type.tensor_type.elem_type)
             dt = dtype if dtype is not None and src in ("float16", "bfloat16", "float32",
                                                         "float64") else None
-        ty = _input_type(vi, shape.get(vi.name), dt)
-        env[vi.name] = ctx.graph.add_input(vi.name, ty.shape, ty.dtype)
+        runtime_inputs.append((vi, _input_dims(vi, shape.get(vi.name), params_of), dt))
+    _declare_dims(ctx.graph, {vi.name: dims for vi, dims, _ in runtime_inputs},
+                  dict(dim_ranges or {}), params_of)
+    runtime = {vi.name: (dims, dt) for vi, dims, dt in runtime_inputs}
+    for vi in real_inputs:
+        if vi.name in freeze_map:
+            arr = np.asarray(freeze_map[vi.name])
+            want = onnx_dtype(vi.type.tensor_type.elem_type)
+            env[vi.name] = ctx.const(arr.astype(np_dtype(want), copy=False))
+            continue
+        dims, dt = runtime[vi.name]
+        dt = dt or onnx_dtype(vi.type.tensor_type.elem_type)
+        what = f"shape= for graph input {vi.name!r}" if vi.name in shape else \
+            f"graph input {vi.name!r}"
+        check_size(ctx.upper(dims), what)
+        try:
+            env[vi.name] = ctx.graph.add_input(vi.name, dims, dt)
+        except InputError as exc:
+            raise InputError(f"{what}: {exc}") from None
 
     params: dict[str, np.ndarray] = {}
     for t in g.initializer:
@@ -645,6 +901,11 @@ def _convert(model_or_path: Any, shape: Mapping[str, Sequence[int]] | None,
         if vi.name not in env:
             raise UnsupportedOpError(f"graph output {vi.name!r} is "
                                      f"{missing_outputs.get(vi.name, 'not computed')}")
+        if env[vi.name] in ctx.sym_values:
+            raise UnsupportedOpError(
+                f"graph output {vi.name!r} is the shape value "
+                f"{symvalues.describe(ctx.sym_values[env[vi.name]])}, computed from symbolic "
+                f"dims; Kiln does not return symbolic dims as tensor data (pin them with shape=)")
         outputs.append(env[vi.name])
     ctx.graph.outputs = outputs
     graph = _prune(ctx.graph, set(params))
@@ -730,6 +991,10 @@ def _convert_node(ctx: Context, node: Any, env: dict[str, Value], missing_output
     try:
         conv = _CONVERTERS.get(converter_key(node))
         res: Any  # a converter returns one Value or a sequence of them
+        if conv is not None and is_default_domain(node) and node.op_type in DATA_DEPENDENT \
+                and all(n in ctx.onnx_static for n in node.input if n):
+            # static inputs: a constant result of a static shape beats a data-dependent dim
+            conv = None
         if conv is None:
             # No converter: _check_supported let it through because its inputs are static.
             # The reference evaluator reads the attributes itself (string ones included).
@@ -767,3 +1032,9 @@ def _prune(graph: Graph, param_names: set[str]) -> Graph:
         used.update(n.inputs)
     graph.inputs = [v for v in graph.inputs if v.name not in param_names or v in used]
     return graph
+
+
+def _const(v: Value) -> np.ndarray:
+    arr = v.const_value
+    assert arr is not None  # the caller checked is_constant
+    return arr

@@ -39,7 +39,13 @@ if TYPE_CHECKING:
     from ...ir import Value
     from .converter import Context
 
-__all__ = ["PREFOLD_LIMIT", "MAX_FOLD_NODES", "blocking_nodes", "fold_node", "is_default_domain", "converter_key"]
+__all__ = ["PREFOLD_LIMIT", "MAX_FOLD_NODES", "blocking_nodes", "fold_node", "is_default_domain", "converter_key",
+           "static_names", "DATA_DEPENDENT"]
+
+#: Op types whose output *shape* depends on input values. They have converters (run-time
+#: kernels with a data-dependent dim), but on static inputs evaluating them at import is better:
+#: their result is a constant of a static shape, which later ops can use as such.
+DATA_DEPENDENT = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression"})
 
 #: Largest result (elements) an unsupported node, or a node recomputed to feed one, may have to
 #: be evaluated at import: 2**22 (16 MiB of float32). Larger results would be embedded in the
@@ -76,6 +82,19 @@ def _has_subgraph(node: Any) -> bool:
 def _foldable_kind(node: Any) -> bool:
     """Deterministic and free of subgraphs (whose bodies may read outer runtime values)."""
     return node.op_type not in _NONDETERMINISTIC and not _has_subgraph(node)
+
+
+def static_names(graph: Any, static: set[str]) -> set[str]:
+    """The names of ``graph``'s top scope that are static at the ONNX level (the same
+    over-approximation :func:`blocking_nodes` uses): ``static``, initializers, ``Shape`` /
+    ``Size`` outputs and outputs of foldable nodes whose inputs are all static."""
+    local = set(static) | {t.name for t in graph.initializer}
+    for node in graph.node:
+        ins = [n for n in node.input if n]
+        known = (is_default_domain(node) and node.op_type in _SHAPE_OPS) or all(n in local for n in ins)
+        if known and _foldable_kind(node):
+            local.update(n for n in node.output if n)
+    return local
 
 
 def blocking_nodes(graph: Any, static: set[str], supported: Mapping[str, Any]
@@ -252,6 +271,12 @@ def fold_node(ctx: Context, node: Any, env: Mapping[str, Value],
             continue
         v = env.get(name)
         arr = ctx.try_static(v)
+        if arr is None and v is not None and v in getattr(ctx, "sym_values", {}):
+            # a Shape of a tensor with symbolic dims: its content is only known at run time
+            raise UnsupportedOpError(
+                f"{where}: Kiln has no converter for {node.op_type}, and it cannot be evaluated "
+                f"at import because {name!r} holds symbolic dims (runtime extents); pin them "
+                f"with from_onnx(shape=...)")
         if arr is not None:
             values[name] = np.asarray(arr)
             done.add(name)

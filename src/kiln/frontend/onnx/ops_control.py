@@ -1,21 +1,32 @@
-"""Converters for ONNX control flow whose shape is known at import: ``Loop``, ``Scan`` and ``If``.
+"""Converters for ONNX control flow: ``Loop``, ``Scan`` and ``If``.
 
-Kiln compiles static graphs. A ``Loop`` whose iteration count is known when the model is
-imported (a constant, or an input frozen by the caller / the ONNX backend) becomes one copy of
-its body per iteration, with the loop-carried values threaded through and the scan outputs
-concatenated; when every input of the loop is constant the copies fold away at import (as in
-the function body of ``Range``). Loops whose count or continue-condition is only known at run
-time are rejected with an UnsupportedOpError. A ``Scan`` always has a static length (the scan
-axis of its inputs), so it is unrolled the same way. An ``If`` whose condition is known at
-import is replaced by the chosen branch; a runtime condition needs runtime control flow, which
-Kiln does not have yet.
+Two paths. **Known at import** (the fast path): a ``Loop`` whose iteration count is known when
+the model is imported (a constant, or an input frozen by the caller / the ONNX backend) becomes
+one copy of its body per iteration, with the loop-carried values threaded through and the scan
+outputs concatenated; when every input of the loop is constant the copies fold away at import
+(as in the function body of ``Range``). A ``Scan`` always has a static length (the scan axis of
+its inputs), so it is unrolled the same way. An ``If`` whose condition is known at import is
+replaced by the chosen branch.
+
+**Decided at run time**: an ``If`` whose condition, or a ``Loop`` whose trip count or condition,
+is computed from the model's inputs becomes an IR ``if`` / ``loop`` node
+(:mod:`kiln.ir.ops.control`) holding each branch / the body as its own IR graph. The outer
+values a subgraph reads become explicit inputs of the node (constants are copied into the
+subgraph instead). The executor runs the subgraph natively (``docs/executor.md``). Shapes
+must be static; a runtime ``Loop`` may not have scan outputs (their length would be decided at
+run time).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...ir import Value
+import re
+from typing import Sequence
+
+from ...ir import Graph, Value
+from ...ir.types import TensorType
+from ...ir.ops.control import Subgraph
 from .converter import Context, convert_nodes, onnx_dtype, onnx_op, tensor_to_array
 
 #: Unrolling copies the body once per iteration; beyond this many the graph would explode.
@@ -78,33 +89,33 @@ def _loop(ctx: Context, node, ins, attrs):
     if m_v is not None:
         arr = ctx.try_static(m_v)
         if arr is None:
-            raise ctx.unsupported("the trip count M must be a constant (Kiln unrolls loops at "
-                                  "compile time); it is computed at run time")
+            return _runtime_loop(ctx, node, body, m_v, cond_v, carried, n_scan, "its trip count M")
         trip = int(np.asarray(arr).reshape(()))
     cond = True
     if cond_v is not None:
         arr = ctx.try_static(cond_v)
         if arr is None:
-            raise ctx.unsupported("the loop condition must be a constant (Kiln unrolls loops at "
-                                  "compile time); it is computed at run time")
+            return _runtime_loop(ctx, node, body, m_v, cond_v, carried, n_scan, "its condition")
         cond = bool(np.asarray(arr).reshape(()))
     if trip is None:
         trip = MAX_UNROLL + 1  # bounded by the condition, which must turn false in time
+    initial = list(carried)
     body_consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
     it = 0
     while cond and it < trip:
         if it >= MAX_UNROLL:
-            raise ctx.unsupported(f"Loop runs more than {MAX_UNROLL} iterations (Kiln unrolls "
-                                  f"loops at compile time)")
+            # the copies made so far are dead code (pruned at the end of the import)
+            return _runtime_loop(ctx, node, body, m_v, cond_v, initial, n_scan,
+                                 f"it runs more than {MAX_UNROLL} iterations")
         bindings = {body.input[0].name: ctx.const(np.array(it, dtype=np.int64)),
                     body.input[1].name: ctx.const(np.array(cond))}
         bindings.update({vi.name: v for vi, v in zip(body.input[2:], carried)})
         outs = _run_subgraph(ctx, node, body, body_consts, bindings)
         c = ctx.try_static(outs[0])
         if c is None:
-            raise ctx.unsupported("the body's continue condition must be a constant (Kiln "
-                                  "unrolls loops at compile time); it is computed at run time")
+            return _runtime_loop(ctx, node, body, m_v, cond_v, initial, n_scan,
+                                 "the body's continue condition")
         cond = bool(np.asarray(c).reshape(()))
         for k, v in enumerate(outs[1: 1 + n_carried]):
             if v.shape != carried[k].shape or v.dtype != carried[k].dtype:
@@ -132,17 +143,18 @@ def _loop(ctx: Context, node, ins, attrs):
 
 @onnx_op("If")
 def _if(ctx: Context, node, ins, attrs):
-    """``If`` whose condition is known when the model is imported: the chosen branch is inlined.
+    """``If``: inlined when the condition is known at import, else an IR ``if`` node.
 
-    Exporters emit such Ifs on shapes and attributes (AffineGrid's function body, torch's
-    dimension checks). A condition computed from the model's inputs at run time needs runtime
-    control flow, which Kiln does not have yet: that is an UnsupportedOpError naming the node.
+    Exporters emit Ifs on shapes and attributes (AffineGrid's function body, torch's dimension
+    checks): those conditions are known at import and the chosen branch is inlined. A condition
+    computed from the model's inputs at run time gives an ``if`` node holding both branches as
+    IR graphs (:func:`_runtime_if`).
     """
-    arr = ctx.try_static(ins[0]) if ins and ins[0] is not None else None
+    if not ins or ins[0] is None:
+        raise ctx.bad("the condition input is missing")
+    arr = ctx.try_static(ins[0])
     if arr is None:
-        raise ctx.unsupported("its condition is computed from the model's inputs at run time; Kiln "
-                              "compiles an If only when the condition is known at import (runtime "
-                              "control flow is not supported yet)")
+        return _runtime_if(ctx, node, ins[0], attrs["then_branch"].g, attrs["else_branch"].g)
     flat = np.asarray(arr).reshape(-1)
     if flat.size != 1:
         raise ctx.bad(f"the condition must hold one element, it has {flat.size}")
@@ -244,3 +256,138 @@ def _scan_unrolled(ctx: Context, node, body, states: list[Value], scan_ins: list
         rows = [ctx.reshape(v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in vals]
         results.append(rows[0] if len(rows) == 1 else ctx.emit1("concatenate", *rows, axis=axis))
     return [ctx.emit1("identity", v) if v in ins else v for v in results]
+
+
+# ----------------------------------------------------------------------------- runtime control flow
+def _free_names(graph) -> list[str]:
+    """Outer-scope names an ONNX subgraph reads (its own nested subgraphs' included), in order."""
+    defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
+    out: list[str] = []
+
+    def use(name: str) -> None:
+        if name and name not in defined and name not in out:
+            out.append(name)
+
+    for n in graph.node:
+        for name in n.input:
+            use(name)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                for name in _free_names(sub):
+                    use(name)
+        defined.update(o for o in n.output if o)
+    for vo in graph.output:
+        use(vo.name)
+    return out
+
+
+def _captures(ctx: Context, graphs, exclude: set[str]) -> list[tuple[str, Value]]:
+    """The outer values ``graphs`` read: ``(ONNX name, value)``, each once, in first-use order."""
+    seen: list[str] = []
+    for g in graphs:
+        for name in _free_names(g):
+            if name not in exclude and name not in seen and name in ctx.env:
+                seen.append(name)
+    out = []
+    for name in seen:
+        v = ctx.env[name]
+        if v in ctx.sym_values:
+            v = ctx.materialize(v, "it is read inside a subgraph run at run time")
+        if v.type.is_dynamic:
+            raise ctx.unsupported(f"runtime control flow supports static shapes only; the subgraph reads "
+                                  f"{name!r} of dims {v.type.dims}")
+        out.append((name, v))
+    return out
+
+
+def _subgraph_name(node, label: str) -> str:
+    base = re.sub(r"[^0-9A-Za-z_]", "_", node.name or node.op_type.lower())
+    return f"{base}_{label}"
+
+
+def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[tuple[str, TensorType]],
+                      captures: list[tuple[str, Value]]) -> Graph:
+    """``graph`` (an If branch, a Loop body) as an IR graph of its own.
+
+    Its inputs: ``leading`` (the ONNX graph's own inputs, ``(name, TensorType)``), then one per
+    non-constant capture; constant captures are copied into it. The outer conversion state is
+    restored afterwards, whatever happens.
+    """
+    sub = Graph(_subgraph_name(node, label))
+    sub.copy_dims(ctx.graph)
+    env: dict[str, Value] = {}
+    for k, (name, t) in enumerate(leading):
+        env[name] = sub.add_input(f"x{k}", t.shape, t.dtype)
+    for name, v in captures:
+        if not v.is_constant:
+            env[name] = sub.add_input(f"x{len(sub.inputs)}", v.shape, v.dtype)
+    saved = ctx.graph, ctx.env
+    ctx.graph, ctx.env = sub, env
+    try:
+        for name, v in captures:
+            if v.is_constant:
+                env[name] = ctx.const(v.const_value)
+        env.update({t.name: ctx.const(tensor_to_array(t)) for t in graph.initializer})
+        convert_nodes(ctx, graph.node, env, {}, name_values=True)
+        outs = []
+        for vo in graph.output:
+            if vo.name not in env:
+                raise ctx.bad(f"{label} output {vo.name!r} is not computed by the {label}")
+            outs.append(env[vo.name])
+        sub.outputs = outs
+    finally:
+        ctx.graph, ctx.env = saved
+        ctx.node = node
+    return sub
+
+
+def _runtime_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Value]:
+    """An ``if`` node running one of two IR graphs by ``cond`` at run time."""
+    if cond.type.size != 1:
+        raise ctx.bad(f"the condition must hold one element, it has {cond.type.size}")
+    if cond.dtype != "bool":
+        cond = ctx.cast(cond, "bool")
+    for b, what in ((then_b, "then_branch"), (else_b, "else_branch")):
+        if len(b.output) != len(node.output):
+            raise ctx.bad(f"{what} has {len(b.output)} outputs, the node {len(node.output)}")
+    captures = _captures(ctx, [then_b, else_b], set())
+    then_g = _convert_subgraph(ctx, node, then_b, "then", [], captures)
+    else_g = _convert_subgraph(ctx, node, else_b, "else", [], captures)
+    a, b = [v.type for v in then_g.outputs], [v.type for v in else_g.outputs]
+    if a != b:
+        raise ctx.unsupported(f"the branches give different output types (then {[str(t) for t in a]}, "
+                              f"else {[str(t) for t in b]}); a runtime If needs equal static types")
+    ins = [cond] + [v for _, v in captures if not v.is_constant]
+    return ctx.emit("if", ins, {"then_branch": Subgraph(then_g), "else_branch": Subgraph(else_g)})
+
+
+def _runtime_loop(ctx: Context, node, body, m_v: Value | None, cond_v: Value | None,
+                  carried: list[Value], n_scan: int, why: str) -> list[Value]:
+    """A ``loop`` node: the body runs at run time while ``i < M`` and the condition holds."""
+    if n_scan:
+        raise ctx.unsupported(f"the Loop is decided at run time ({why}) and has {n_scan} scan output(s), "
+                              "whose length would only be known at run time; Kiln compiles static shapes")
+    if not carried:
+        raise ctx.unsupported("a runtime Loop without loop-carried values computes nothing Kiln can return")
+    if m_v is None:
+        m_v = ctx.const(np.array(np.iinfo(np.int64).max, dtype=np.int64))
+    if cond_v is None:
+        cond_v = ctx.const(np.array(True))
+    for v, what in ((m_v, "trip count M"), (cond_v, "condition")):
+        if v.type.size != 1:
+            raise ctx.bad(f"the {what} must hold one element, it has {v.type.size}")
+    m_v = ctx.reshape(ctx.cast(m_v, "int64") if m_v.dtype != "int64" else m_v, ())
+    cond_v = ctx.reshape(ctx.cast(cond_v, "bool") if cond_v.dtype != "bool" else cond_v, ())
+    leading = [(body.input[0].name, TensorType((), "int64")), (body.input[1].name, TensorType((), "bool"))]
+    leading += [(vi.name, v.type) for vi, v in zip(body.input[2:], carried)]
+    captures = _captures(ctx, [body], {name for name, _ in leading})
+    body_g = _convert_subgraph(ctx, node, body, "body", leading, captures)
+    outs = body_g.outputs
+    if outs[0].type.size != 1 or outs[0].dtype != "bool":
+        raise ctx.bad(f"the body's condition output must be a one-element bool, got {outs[0].type}")
+    for k, (o, v) in enumerate(zip(outs[1:], carried)):
+        if o.type != v.type:
+            raise ctx.unsupported(f"loop-carried value {k} changes type across iterations ({v.type} -> {o.type}); "
+                                  "a runtime Loop needs static types")
+    ins = [m_v, cond_v] + list(carried) + [v for _, v in captures if not v.is_constant]
+    return ctx.emit("loop", ins, {"body": Subgraph(body_g), "num_carried": len(carried)})

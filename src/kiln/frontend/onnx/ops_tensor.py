@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
+from ...runtime import sym
 from .converter import Context, onnx_op
+from .symvalues import Unresolved, broadcast_dims, infer_reshape_dim
 
 
 # ----------------------------------------------------------------------------- constants
@@ -27,28 +30,72 @@ def _constant(ctx: Context, node, ins, attrs):
 
 @onnx_op("ConstantOfShape")
 def _constant_of_shape(ctx: Context, node, ins, attrs):
-    shape = ctx.static_ints(ins[0], "input")
-    ctx.check_size(shape, "the shape input")
+    dims = ctx.sym_ints(ins[0], "input")
     value = np.asarray(attrs.get("value", np.zeros(1, dtype=np.float32))).reshape(-1)[:1]
     if not value.size:
         raise ctx.bad("attribute 'value' must hold one element, it is empty")
-    return ctx.const(np.full(shape, value[0], dtype=value.dtype))
+    if any(isinstance(d, str) for d in dims):
+        # A scalar broadcast to the symbolic shape: its upper bound is stored, the runtime
+        # extent is the dims.
+        one = ctx.const(np.full((1,) * len(dims), value[0], dtype=value.dtype))
+        return _broadcast_sym(ctx, one, dims)
+    ctx.check_size(dims, "the shape input")
+    return ctx.const(np.full(dims, value[0], dtype=value.dtype))
+
+
+def _broadcast_sym(ctx: Context, x, dims):
+    """``broadcast_to`` a target with symbolic dims."""
+    dims = tuple(sym.canonical(d) for d in dims)
+    ctx.check_size(ctx.upper(dims), "the output")
+    return ctx.emit1("broadcast_to", x, shape=ctx.upper(dims), sym_shape=dims)
 
 
 @onnx_op("Shape")
 def _shape(ctx: Context, node, ins, attrs):
-    shape = ins[0].shape
     start, end = attrs.get("start", 0), attrs.get("end", None)
-    return ctx.const(np.array(shape[slice(start, end)], dtype=np.int64))
+    # Never the upper bounds of a symbolic dim: its extent is known at run time only.
+    return ctx.shape_value(ctx.dims(ins[0])[slice(start, end)], "int64")
 
 
 @onnx_op("Size")
 def _size(ctx: Context, node, ins, attrs):
-    return ctx.const(np.array(ins[0].type.size, dtype=np.int64))
+    return ctx.shape_value(np.array(functools.reduce(sym.mul, ctx.dims(ins[0]), 1), dtype=object),
+                           "int64")
+
+
+def _range_sym(ctx: Context, ins):
+    """Range whose limit (or start) is a symbolic dim: ``start + delta * i`` for ``i`` in
+    ``0 .. n-1`` with ``n`` symbolic, as an exclusive running sum of ones broadcast to ``(n,)``."""
+    start, limit, delta = (ctx.sym_ints(v, n) for v, n in zip(ins, ("start", "limit", "delta")))
+    for v, n in zip((start, limit, delta), ("start", "limit", "delta")):
+        if len(v) != 1:
+            raise ctx.bad(f"input {n!r} must be a scalar, got {len(v)} values")
+    (s,), (lim,), (d,) = start, limit, delta
+    if not isinstance(d, int) or d <= 0:
+        raise ctx.unsupported(f"a symbolic range ({s} .. {lim}) needs a positive static delta, "
+                              f"got {d}")
+    n = sym.floordiv(sym.add(sym.sub(lim, s), d - 1), d)
+    lo, hi = sym.bounds(n, ctx.graph.dim_ranges)
+    if lo < 0:
+        raise ctx.unsupported(f"the symbolic range {s} .. {lim} may be empty or negative "
+                              f"(length {n} spans {lo}..{hi}); Kiln needs a length >= 0")
+    dt = ins[0].dtype
+    ones = _broadcast_sym(ctx, ctx.const(np.ones((1,), dtype=np.dtype(dt))), (n,))
+    idx = ctx.emit1("cumsum", ones, axis=0, exclusive=True)
+    if d != 1:
+        idx = ctx.emit1("multiply", idx, ctx.const(np.array(d, dtype=np.dtype(dt))))
+    if s != 0:
+        sv = ins[0] if not isinstance(s, int) else ctx.const(np.array(s, dtype=np.dtype(dt)))
+        if sv in ctx.sym_values:
+            raise ctx.unsupported(f"a range starting at the symbolic dim {s}")
+        idx = ctx.emit1("add", idx, ctx.reshape(sv, ()))
+    return idx
 
 
 @onnx_op("Range")
 def _range(ctx: Context, node, ins, attrs):
+    if any(v in ctx.sym_values for v in ins):
+        return _range_sym(ctx, ins)
     start, limit, delta = (ctx.static(v, n) for v, n in zip(ins, ("start", "limit", "delta")))
     dt = np.asarray(start).dtype
     for v, n in zip((start, limit, delta), ("start", "limit", "delta")):
@@ -82,6 +129,9 @@ def _dropout(ctx: Context, node, ins, attrs):
                 raise ctx.unsupported(f"training_mode=True with ratio={ratio} (random dropout "
                                       f"masks are not supported; Kiln compiles inference graphs)")
     y = ctx.emit1("dropout", x, rate=ratio)
+    if ctx.is_dynamic(x):
+        return [y, _broadcast_sym(ctx, ctx.const(np.ones((1,) * x.type.ndim, dtype=bool)),
+                                  ctx.dims(x))]
     mask = ctx.const(np.ones(x.shape, dtype=bool))
     return [y, mask]
 
@@ -93,8 +143,10 @@ def _reshape(ctx: Context, node, ins, attrs):
     if ctx.opset < 5:
         spec = tuple(attrs["shape"])
     else:
-        spec = ctx.static_ints(ins[1], "shape")
+        spec = ctx.sym_ints(ins[1], "shape")
     allowzero = attrs.get("allowzero", 0)
+    if ctx.is_dynamic(x) or any(isinstance(d, str) for d in spec):
+        return ctx.reshape_dims(x, _reshape_target(ctx, x, spec, allowzero))
     shape = []
     infer = None
     for i, d in enumerate(spec):
@@ -117,6 +169,39 @@ def _reshape(ctx: Context, node, ins, attrs):
     return ctx.emit1("reshape", x, newshape=tuple(shape))
 
 
+def _reshape_target(ctx: Context, x, spec, allowzero) -> tuple:
+    """The dims of a Reshape's output when the input or the target is symbolic."""
+    src = ctx.dims(x)
+    out: list = []
+    infer = None
+    for i, d in enumerate(spec):
+        if d == 0 and not allowzero:
+            if i >= len(src):
+                raise ctx.bad(f"shape {spec}: 0 at {i} copies a dim the input {x.type} lacks")
+            out.append(src[i])
+        elif d == -1:
+            if infer is not None:
+                raise ctx.bad(f"shape {spec} has more than one -1")
+            infer = i
+            out.append(1)
+        elif isinstance(d, int) and d < 0:
+            raise ctx.bad(f"shape {spec} has the negative dim {d}")
+        else:
+            out.append(d)
+    if infer is not None:
+        try:
+            out[infer] = infer_reshape_dim(src, out[:infer] + out[infer + 1:])
+        except Unresolved as exc:
+            raise ctx.unsupported(f"cannot infer the -1 of shape {list(spec)} for input "
+                                  f"{x.type}: {exc}") from None
+    total_in = functools.reduce(sym.mul, src, 1)
+    total_out = functools.reduce(sym.mul, out, 1)
+    if total_in != total_out:
+        raise ctx.bad(f"cannot reshape {x.type} ({total_in} elements) to {list(spec)} "
+                      f"({total_out} elements)")
+    return tuple(out)
+
+
 @onnx_op("Flatten")
 def _flatten(ctx: Context, node, ins, attrs):
     x = ins[0]
@@ -127,6 +212,10 @@ def _flatten(ctx: Context, node, ins, attrs):
                       f"axis <= {nd})")
     if axis < 0:
         axis += nd
+    if ctx.is_dynamic(x):
+        d = ctx.dims(x)
+        return ctx.reshape_dims(x, (functools.reduce(sym.mul, d[:axis], 1),
+                                    functools.reduce(sym.mul, d[axis:], 1)))
     return ctx.emit1("reshape", x, newshape=(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
@@ -143,12 +232,15 @@ def _squeeze(ctx: Context, node, ins, attrs):
     x = ins[0]
     axes = _axes_arg(ctx, ins, attrs, 13)
     nd = x.type.ndim
+    dims = ctx.dims(x)
     if axes is None:
-        axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
+        axes = tuple(i for i, d in enumerate(dims) if d == 1)
     axes = {ctx.axis(a, nd) for a in axes}
     for a in axes:
-        if x.shape[a] != 1:
-            raise ctx.bad(f"cannot squeeze axis {a} of size {x.shape[a]}")
+        if dims[a] != 1:
+            raise ctx.bad(f"cannot squeeze axis {a} of size {dims[a]}")
+    if ctx.is_dynamic(x):
+        return ctx.reshape_dims(x, tuple(d for i, d in enumerate(dims) if i not in axes))
     return ctx.emit1("reshape", x, newshape=tuple(d for i, d in enumerate(x.shape)
                                                    if i not in axes))
 
@@ -161,9 +253,11 @@ def _unsqueeze(ctx: Context, node, ins, attrs):
         raise ctx.bad("Unsqueeze needs axes")
     out_nd = x.type.ndim + len(axes)
     axes = sorted(ctx.axis(a, out_nd) for a in axes)
-    shape = list(x.shape)
+    shape = list(ctx.dims(x))
     for a in axes:
         shape.insert(a, 1)
+    if ctx.is_dynamic(x):
+        return ctx.reshape_dims(x, tuple(shape))
     return ctx.emit1("reshape", x, newshape=tuple(shape))
 
 
@@ -188,6 +282,9 @@ def _split(ctx: Context, node, ins, attrs):
     x = ins[0]
     axis = ctx.axis(attrs.get("axis", 0), x.type.ndim)
     dim = x.shape[axis]
+    if isinstance(ctx.dims(x)[axis], str):
+        raise ctx.unsupported(f"splitting the symbolic dim {ctx.dims(x)[axis]} (axis {axis} of "
+                              f"{x.type}) is not supported")
     n_out = len(node.output)
     if ctx.opset >= 13:
         sizes = ctx.static_ints(ins[1], "split") if len(ins) > 1 and ins[1] is not None else None
@@ -213,12 +310,14 @@ def _slice(ctx: Context, node, ins, attrs):
         axes = tuple(attrs.get("axes", range(len(starts))))
         steps = (1,) * len(starts)
     else:
-        starts = ctx.static_ints(ins[1], "starts")
-        ends = ctx.static_ints(ins[2], "ends")
+        starts = ctx.sym_ints(ins[1], "starts")
+        ends = ctx.sym_ints(ins[2], "ends")
         axes = ctx.static_ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None \
             else tuple(range(len(starts)))
         steps = ctx.static_ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None \
             else (1,) * len(starts)
+        if ctx.is_dynamic(x) or any(isinstance(d, str) for d in starts + ends):
+            return _slice_sym(ctx, x, starts, ends, axes, steps)
     nd = x.type.ndim
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.bad(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have "
@@ -238,6 +337,99 @@ def _slice(ctx: Context, node, ins, attrs):
     # attribute -1 would mean "last element", so spell it -(dim + 1) (clamps back to -1).
     end = tuple(dims[a][1] if dims[a][1] >= 0 else -(x.shape[a] + 1) for a in axes)
     return ctx.emit1("strided_slice", x, begin=begin, end=end, strides=steps, axes=axes)
+
+
+def _slice_sym(ctx: Context, x, starts, ends, axes, steps):
+    """Slice when the data or the bounds have symbolic dims.
+
+    Per axis, ONNX's clamping is decided with the dim ranges (an end of ``INT_MAX`` or at
+    least the axis' upper bound is the whole axis, a negative one counts from the runtime
+    end). A whole symbolic axis or its first element is a ``strided_slice`` (the padded
+    layout keeps data at the start); any other range along a symbolic extent is a ``take`` of
+    the index range ``begin, begin + step, ...``, whose length may be symbolic.
+    """
+    nd = x.type.ndim
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.bad(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have "
+                      f"the same length")
+    axes = tuple(ctx.axis(a, nd) for a in axes)
+    if len(set(axes)) != len(axes):
+        raise ctx.bad(f"axes {axes} repeat an axis")
+    dims = ctx.dims(x)
+    ranges = ctx.graph.dim_ranges
+    y = x
+    for b, e, s, a in zip(starts, ends, steps, axes):
+        n = dims[a]
+        if s == 0:
+            raise ctx.bad(f"steps {steps} contain 0")
+        if not any(isinstance(v, str) for v in (b, e, n)):
+            from ...ir.ops import normalize_slice
+
+            (bb, ee, _), = [normalize_slice((n,), {"begin": (b,), "end": (e,), "strides": (s,),
+                                                   "axes": (0,)})[0]]
+            ee = ee if ee >= 0 else -(n + 1)
+            if (bb, ee, s) != (0, n, 1):
+                y = ctx.emit1("strided_slice", y, begin=(bb,), end=(ee,), strides=(s,), axes=(a,))
+            continue
+        if s < 0:
+            raise ctx.unsupported(f"a negative step along the symbolic range {b}..{e} of axis {a} "
+                                  f"(dims {tuple(dims)}) is not supported")
+        try:
+            begin = _clamp(_from_end(b, n, ranges), n, ranges)
+            end = _clamp(_from_end(e, n, ranges), n, ranges)
+        except Unresolved as exc:
+            raise ctx.unsupported(f"Slice of axis {a} (extent {n}) from {b} to {e}: {exc}") from None
+        length = sym.floordiv(sym.add(sym.sub(end, begin), s - 1), s)
+        if sym.bounds(length, ranges)[0] < 0:
+            raise ctx.unsupported(f"Slice of axis {a} (extent {n}) from {b} to {e} may be "
+                                  f"empty or reversed at run time")
+        if begin == 0 and s == 1 and sym.canonical(end) == sym.canonical(n):
+            continue  # the whole axis
+        if begin == 0 and s == 1 and end == 1:
+            y = ctx.emit1("strided_slice", y, begin=(0,), end=(1,), strides=(1,), axes=(a,))
+            continue
+        if isinstance(begin, str):
+            raise ctx.unsupported(f"Slice of axis {a} (extent {n}) starting at the symbolic "
+                                  f"index {begin} is not supported")
+        idx = _index_range(ctx, begin, length, s)
+        y = ctx.emit1("take", y, idx, axis=a)
+    return y if y is not x else ctx.emit1("identity", x)
+
+
+def _from_end(i, n, ranges):
+    """A Slice bound counted from the end (negative) as an index from the start."""
+    if isinstance(i, int) and i < 0:
+        return sym.add(n, i)
+    return i
+
+
+def _clamp(i, n, ranges):
+    """``min(max(i, 0), n)`` when the dim ranges decide it."""
+    if isinstance(i, int) and isinstance(n, int):
+        return min(max(i, 0), n)
+    if isinstance(i, int) and i >= (n if isinstance(n, int) else sym.bounds(n, ranges)[1]):
+        return n  # INT_MAX and the like: to the end
+    lo, hi = sym.bounds(sym.sub(n, i), ranges)
+    if sym.bounds(i, ranges)[0] < 0:
+        raise Unresolved(f"the index {i} may be negative")
+    if lo >= 0:
+        return i
+    if hi <= 0:
+        return n
+    raise Unresolved(f"whether {i} is past the end {n} depends on the runtime dims")
+
+
+def _index_range(ctx: Context, begin, length, step):
+    """int64 indices ``begin + step * k`` for ``k < length`` (``length`` may be symbolic)."""
+    if isinstance(length, int):
+        return ctx.const(begin + step * np.arange(length, dtype=np.int64))
+    ones = _broadcast_sym(ctx, ctx.const(np.ones((1,), dtype=np.int64)), (length,))
+    idx = ctx.emit1("cumsum", ones, axis=0, exclusive=True)
+    if step != 1:
+        idx = ctx.emit1("multiply", idx, ctx.const(np.array(step, dtype=np.int64)))
+    if begin != 0:
+        idx = ctx.emit1("add", idx, ctx.const(np.array(begin, dtype=np.int64)))
+    return idx
 
 
 @onnx_op("Gather")
@@ -294,7 +486,15 @@ def _expand(ctx: Context, node, ins, attrs):
     from ...ir.ops._util import broadcast_shapes
 
     x = ins[0]
-    shape = ctx.static_ints(ins[1], "shape")
+    shape = ctx.sym_ints(ins[1], "shape")
+    if ctx.is_dynamic(x) or any(isinstance(d, str) for d in shape):
+        try:
+            dims = broadcast_dims(ctx.dims(x), shape)
+        except Unresolved as exc:
+            raise ctx.unsupported(f"Expand of {x.type} to {list(shape)}: {exc}") from None
+        if dims == ctx.dims(x):
+            return ctx.emit1("identity", x)
+        return _broadcast_sym(ctx, x, dims)
     out = broadcast_shapes(x.shape, shape)
     if out == x.shape:
         return ctx.emit1("identity", x)
@@ -303,7 +503,11 @@ def _expand(ctx: Context, node, ins, attrs):
 
 @onnx_op("Tile")
 def _tile(ctx: Context, node, ins, attrs):
-    return ctx.emit1("tile", ins[0], reps=ctx.static_ints(ins[1], "repeats"))
+    reps = ctx.sym_ints(ins[1], "repeats")
+    if any(isinstance(r, str) for r in reps):
+        raise ctx.unsupported(f"repeats {list(reps)} hold symbolic dims; Kiln tiles a static "
+                              f"number of times")
+    return ctx.emit1("tile", ins[0], reps=reps)
 
 
 @onnx_op("Pad")

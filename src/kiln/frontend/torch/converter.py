@@ -34,8 +34,15 @@ for it (``node.meta["val"]``): a Kiln converter bug is an error naming the node,
 number later. Any other exception a converter raises is re-raised as an :class:`InputError`
 naming the FX node.
 
-Kiln graphs have static shapes; programs exported with dynamic dimensions (``torch.export.Dim``)
-are refused with an :class:`UnsupportedOpError` rather than silently specialised.
+Dynamic shapes
+--------------
+A program exported with ``torch.export.Dim`` s has sympy symbols in its shapes. Each becomes a
+Kiln symbol (:mod:`.symbols`: named after its ``Dim``, ranged by ``ep.range_constraints``), the
+inputs get symbolic dims, and every recorded shape is read through :meth:`Context.out_dims`
+(symbolic) or :meth:`Context.out_shape` (upper bounds). SymInt nodes (``aten.sym_size.int``,
+``operator.mul`` on sizes ...) are evaluated at import to their Kiln dim, which converters
+receive in place of an ``int``; runtime asserts on them are dropped (the executor checks every
+input's range).
 """
 
 from __future__ import annotations
@@ -49,8 +56,12 @@ import numpy as np
 
 from ...ir import Graph, Value, dead_code_elimination
 from ...ir.types import DTYPES, np_dtype
+from ...runtime import sym
 from ...runtime.errors import InputError, KilnError, UnsupportedOpError
+from ...runtime.sym import Dim
+from ..dims import dim_value
 from ..onnx.converter import Context as _BaseContext
+from .symbols import expr_to_dim, symbol_table
 
 __all__ = ["aten_op", "supported_ops", "Context", "Args", "from_exported_program", "from_torch",
            "decompose_program", "unsupported_calls", "torch_dtype", "to_numpy"]
@@ -151,8 +162,13 @@ class Context(_BaseContext):
     :meth:`unsupported` make errors naming the FX node being converted (``ctx.node``).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, symbols: Mapping[str, str] | None = None) -> None:
         super().__init__(0, name)
+        #: sympy symbol name -> Kiln symbol name (:func:`.symbols.symbol_table`).
+        self.symbols: dict[str, str] = dict(symbols or {})
+        #: Values holding ``start + arange(n)`` along their only non-unit dim: value -> (n, start).
+        #: Advanced indexing with them over symbolic dims is a reshape (transformers' masks).
+        self.iotas: dict[Value, tuple[Dim, int]] = {}
 
     @property
     def where(self) -> str:
@@ -162,23 +178,83 @@ class Context(_BaseContext):
     def static(self, v: Value | None, what: str) -> np.ndarray:
         """The array of ``v``; UnsupportedOpError if it is only known at run time."""
         arr = self.try_static(v)
+        if arr is None and v in self.sym_values:
+            raise UnsupportedOpError(f"{self.where}: input {what!r} is computed from symbolic "
+                                     f"sizes and this converter needs it constant")
         if arr is None:
-            raise UnsupportedOpError(f"{self.where}: input {what!r} must be a constant (Kiln "
-                                     f"compiles static shapes); it is computed at run time")
+            raise UnsupportedOpError(f"{self.where}: input {what!r} must be a constant; it is "
+                                     f"computed at run time")
         return arr
 
     def scalar(self, value: Any, like: Value) -> Value:
         """A 0-d constant of ``like``'s dtype holding the Python number ``value``."""
         return self.const(np.asarray(value, dtype=np_dtype(like.dtype)))
 
-    def out_shape(self, index: int = 0) -> tuple[int, ...]:
-        """The shape torch recorded for output ``index`` of the current node."""
+    def dim(self, d: Any) -> Dim:
+        """A torch size (``int``, ``SymInt``, or a Kiln dim already) as a canonical Kiln dim."""
+        if isinstance(d, str):
+            return sym.canonical(d)
+        if isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+            return int(d)
+        node = getattr(d, "node", None)
+        expr = getattr(node, "expr", None)
+        if expr is None:
+            raise self.bad(f"expected a size, got {type(d).__name__} {d!r}")
+        try:
+            return expr_to_dim(expr, self.symbols)
+        except UnsupportedOpError as exc:
+            raise self.unsupported(str(exc)) from None
+
+    def out_dims(self, index: int = 0) -> tuple[Dim, ...]:
+        """The dims torch recorded for output ``index`` (ints, symbolic ones as Kiln dims)."""
         val = self.node.meta.get("val")
         if isinstance(val, (list, tuple)):
             val = val[index]
         if val is None or not hasattr(val, "shape"):
             raise self.bad("torch recorded no output shape for this node")
-        return tuple(int(d) for d in val.shape)
+        return tuple(self.dim(d) for d in val.shape)
+
+    def out_shape(self, index: int = 0) -> tuple[int, ...]:
+        """The shape torch recorded for output ``index``; upper bounds for symbolic dims."""
+        return self.upper(self.out_dims(index))
+
+    def size_value(self, d: Dim, dtype: str) -> Value:
+        """A 0-d value of ``dtype`` holding the size ``d``: a constant, or a symbolic shape value
+        that :meth:`emit` evaluates at import or computes at run time (never its upper bound)."""
+        if isinstance(d, int):
+            return self.const(np.asarray(d, dtype=np_dtype(dtype)))
+        return self.shape_value(np.array(d, dtype=object), dtype)
+
+    def materialize(self, v: Value, reason: str = "") -> Value:
+        """The symbolic size value ``v`` as a tensor computed at run time.
+
+        Each symbolic dim ``d`` is a ``dim_value`` node over values that carry its symbols
+        (:func:`kiln.frontend.dims.dim_value`): its kernel reads their runtime extents.
+        """
+        arr = self.sym_values[v]
+        parts = []
+        for x in arr.reshape(-1):
+            d = sym.canonical(x) if isinstance(x, str) else int(x)
+            if isinstance(d, int):
+                parts.append(self.const(np.array([d], dtype=np.int64)))
+                continue
+            lo, hi = sym.bounds(d, self.graph.dim_ranges)
+            if lo < 1:
+                raise self.unsupported(f"the size {d} is needed as tensor data ({reason}), but "
+                                       f"it may be {lo} (range {lo}..{hi})")
+            parts.append(dim_value(self.graph, d))
+        out = parts[0] if len(parts) == 1 else self.emit1("concatenate", *parts, axis=0)
+        return self.reshape(self.cast(out, v.dtype), v.shape)
+
+    def broadcast_dims(self, v: Value, dims: Sequence[Dim]) -> Value:
+        """``broadcast_to`` the dims ``dims`` (symbolic ones through ``sym_shape``)."""
+        dims = tuple(sym.canonical(d) for d in dims)
+        if tuple(v.type.dims) == dims:
+            return v
+        self.check_size(self.upper(dims), "the output")
+        if any(isinstance(d, str) for d in dims):
+            return self.emit1("broadcast_to", v, shape=self.upper(dims), sym_shape=dims)
+        return self.emit1("broadcast_to", v, shape=dims)
 
     def out_dtype(self, index: int = 0) -> str:
         """The dtype torch recorded for output ``index`` of the current node."""
@@ -192,6 +268,7 @@ class Context(_BaseContext):
 
 # ------------------------------------------------------------------ public API
 def from_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = None,
+               dim_ranges: Mapping[str, tuple[int, int]] | None = None,
                ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Export a ``torch.nn.Module`` with ``torch.export.export`` and convert it.
 
@@ -201,9 +278,16 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any =
         The model; put it in ``eval()`` mode first (batch norm and dropout are converted in
         their inference form).
     example_inputs : sequence of torch.Tensor
-        Positional example inputs; their shapes become the graph's static input shapes.
-    dynamic_shapes : None
-        Only ``None``: Kiln has no symbolic dimensions yet.
+        Positional example inputs; their shapes become the graph's input shapes, except the
+        dims ``dynamic_shapes`` makes symbolic.
+    dynamic_shapes : optional
+        Passed to ``torch.export.export``: ``{"x": {0: torch.export.Dim("batch", max=64)}}``.
+        Each ``Dim`` becomes a Kiln symbolic dim of that name whose range is the Dim's
+        ``min..max`` (a ``min`` below 1 is raised to 1); a Dim needs a ``max`` (or an entry
+        in ``dim_ranges``), since Kiln stores every tensor at its largest shape.
+    dim_ranges : mapping of str to (int, int), optional
+        ``{name: (lo, hi)}`` setting the range of a symbolic dim, keyed by the Dim name (or the
+        torch symbol, ``"s17"``); it must lie inside the range torch exported for.
 
     Returns
     -------
@@ -216,21 +300,23 @@ def from_torch(module: Any, example_inputs: Sequence[Any], dynamic_shapes: Any =
     Raises
     ------
     UnsupportedOpError
-        ``dynamic_shapes`` given, or ATen ops without a converter (all listed in one message).
+        ATen ops without a converter (all listed in one message), or an op that cannot handle
+        a symbolic dim (naming the FX node).
     InputError
-        ``example_inputs`` not a sequence, or a node torch produced that Kiln cannot convert.
+        ``example_inputs`` not a sequence, a symbolic dim without an upper bound, or a node
+        torch produced that Kiln cannot convert.
     """
-    _reject_dynamic(dynamic_shapes)
     import torch
 
     if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
         raise InputError(f"example_inputs must be a tuple of tensors, got "
                          f"{type(example_inputs).__name__}")
-    ep = torch.export.export(module, tuple(example_inputs))
-    return from_exported_program(ep)
+    ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+    return from_exported_program(ep, dim_ranges=dim_ranges)
 
 
 def from_exported_program(ep: Any, decompose: bool = True,
+                          dim_ranges: Mapping[str, tuple[int, int]] | None = None,
                           ) -> tuple[Graph, dict[str, np.ndarray]]:
     """Convert a ``torch.export.ExportedProgram`` to a Kiln graph.
 
@@ -241,35 +327,42 @@ def from_exported_program(ep: Any, decompose: bool = True,
     decompose : bool
         Lower the program to core ATen first, keeping the ops Kiln converts directly (see the
         module docstring). ``False`` converts the graph as it is.
+    dim_ranges : mapping of str to (int, int), optional
+        Range overrides for the program's symbolic dims, as in :func:`from_torch`.
 
     Returns
     -------
     graph : Graph
         Inputs are the user inputs (by their names in the program) followed by the parameter
-        placeholders (by fully qualified name).
+        placeholders (by fully qualified name). With ``torch.export.Dim`` s, ``graph.dim_ranges``
+        holds the symbols and the inputs their symbolic dims.
     params : dict of str to numpy.ndarray
         Parameter and buffer values still used by the graph.
 
     Raises
     ------
     UnsupportedOpError
-        Dynamic input dimensions, non-tensor inputs that are not constants, ATen ops without a
+        Non-tensor inputs that are not constants (SymInt inputs included), ATen ops without a
         converter (all listed in one message, before anything is converted) or unsupported
         variants of supported ops (naming the FX node).
     InputError
-        A node Kiln cannot convert for another reason (naming the FX node).
+        A symbolic dim without an upper bound (export with ``Dim(..., max=N)`` or pass
+        ``dim_ranges``), or a node Kiln cannot convert for another reason (naming the FX node).
     """
     import torch
 
     if not isinstance(ep, torch.export.ExportedProgram):
         raise InputError(f"from_exported_program expects a torch.export.ExportedProgram, got "
                          f"{type(ep).__name__}")
-    _check_static(ep)
+    # ranges first: an unbounded Dim is reported before the (slow) decomposition
+    symbol_table(ep, dim_ranges=dim_ranges)
+    original = ep
     if decompose:
         ep = decompose_program(ep)
     _load_converters()
     _check_supported(ep)
-    return _convert(ep)
+    names, ranges = symbol_table(ep, original=original, dim_ranges=dim_ranges)
+    return _convert(ep, names, ranges)
 
 
 def decompose_program(ep: Any) -> Any:
@@ -294,7 +387,7 @@ def unsupported_calls(ep: Any) -> dict[str, list[str]]:
     missing: dict[str, list[str]] = {}
     for node in ep.graph.nodes:
         if node.op == "call_function":
-            if node.target is operator.getitem:
+            if node.target is operator.getitem or _is_size_op(node):
                 continue
             key = _target_key(node.target)
             if key not in _CONVERTERS:
@@ -305,29 +398,6 @@ def unsupported_calls(ep: Any) -> dict[str, list[str]]:
 
 
 # ------------------------------------------------------------------ checks
-def _reject_dynamic(dynamic_shapes: Any) -> None:
-    if dynamic_shapes is not None:
-        raise UnsupportedOpError(
-            "dynamic_shapes is not supported yet: Kiln compiles static shapes and has no "
-            "symbolic dimensions. Export with dynamic_shapes=None and build one library per "
-            "input shape.")
-
-
-def _check_static(ep: Any) -> None:
-    import torch
-
-    for node in ep.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        val = node.meta.get("val")
-        if isinstance(val, torch.SymInt) or (isinstance(val, torch.Tensor) and not all(
-                isinstance(d, int) for d in val.shape)):
-            raise UnsupportedOpError(
-                f"input {node.name!r} has dynamic dimensions ({tuple(val.shape) if hasattr(val, 'shape') else val}); "
-                f"dynamic dims (torch.export.Dim) are not supported yet: export with static "
-                f"shapes")
-
-
 def _target_key(target: Any) -> str:
     return str(target)
 
@@ -354,11 +424,14 @@ def _check_supported(ep: Any) -> None:
 
 
 # ------------------------------------------------------------------ conversion
-def _convert(ep: Any) -> tuple[Graph, dict[str, np.ndarray]]:
+def _convert(ep: Any, names: Mapping[str, str], ranges: Mapping[str, tuple[int, int]],
+             ) -> tuple[Graph, dict[str, np.ndarray]]:
     import torch
     from torch.export.graph_signature import InputKind, OutputKind
 
-    ctx = Context("main")
+    ctx = Context("main", names)
+    for name, (lo, hi) in ranges.items():
+        ctx.graph.declare_dim(name, lo, hi)
     env: dict[Any, Any] = {}
     sig = ep.graph_signature
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
@@ -371,10 +444,16 @@ def _convert(ep: Any) -> tuple[Graph, dict[str, np.ndarray]]:
         node = placeholders[spec.arg.name]
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            env[node] = ctx.graph.add_input(spec.arg.name, tuple(int(d) for d in val.shape),
-                                            torch_dtype(val.dtype))
+            ctx.node = node
+            dims = tuple(ctx.dim(d) for d in val.shape)
+            ctx.node = None
+            env[node] = ctx.graph.add_input(spec.arg.name, dims, torch_dtype(val.dtype))
         elif isinstance(val, (int, float, bool)) or val is None:
             env[node] = val  # export specialised the program on this value
+        elif isinstance(val, torch.SymInt):
+            raise UnsupportedOpError(f"user input {spec.arg.name!r} is a dynamic int ({val}); "
+                                     f"Kiln graph inputs are tensors (pass it as a tensor, or "
+                                     f"as a static int)")
         else:
             raise UnsupportedOpError(f"user input {spec.arg.name!r} of type "
                                      f"{type(val).__name__} is not supported")
@@ -435,6 +514,9 @@ def _convert(ep: Any) -> tuple[Graph, dict[str, np.ndarray]]:
         if not isinstance(res, Value):
             raise UnsupportedOpError(f"output {spec.arg.name!r} is not a tensor "
                                      f"({type(res).__name__}); Kiln graphs return tensors")
+        if res in ctx.sym_values:
+            raise UnsupportedOpError(f"output {spec.arg.name!r} is computed from symbolic "
+                                     f"sizes only; Kiln does not return sizes as tensor data")
         outputs.append(res)
     ctx.graph.outputs = outputs
     graph = dead_code_elimination(ctx.graph)
@@ -504,6 +586,8 @@ def _convert_node(ctx: Context, node: Any, env: Mapping[Any, Any]) -> Any:
             raise UnsupportedOpError(f"FX node {node.name!r} uses output {idx} of "
                                      f"{src.name!r} ({src.target}), which Kiln does not compute")
         return v
+    if _is_size_op(node):
+        return _size_op(ctx, node)
     conv = _CONVERTERS[_target_key(node.target)]
     try:
         res = conv(ctx, node, _bind(ctx, node, env))
@@ -526,7 +610,67 @@ def _check_result(ctx: Context, v: Value, index: int) -> Value:
         val = val[index] if index < len(val) else None
     if val is None or not hasattr(val, "shape"):
         return v
-    want = tuple(int(d) for d in val.shape)
-    if v.shape != want:
-        raise InputError(f"{ctx.where}: Kiln computed shape {v.shape}, torch recorded {want}")
+    want = tuple(ctx.dim(d) for d in val.shape)
+    got = tuple(v.type.dims)
+    if got != want and not _same_dims(got, want, ctx.graph.dim_ranges):
+        shown = ", ".join(map(str, want))
+        raise InputError(f"{ctx.where}: Kiln computed shape {v.type}, torch recorded "
+                         f"({shown})")
     return ctx.cast(v, torch_dtype(val.dtype))
+
+
+def _same_dims(a: Sequence[Dim], b: Sequence[Dim], ranges: Mapping[str, tuple[int, int]]
+               ) -> bool:
+    """Whether two dim tuples agree at the low, high and middle points of the ranges (floor
+    divisions torch and Kiln write differently, ``(s+1)//2`` against ``s//2 + ...``)."""
+    if len(a) != len(b) or not ranges:
+        return False
+    points = [{k: lo for k, (lo, _) in ranges.items()}, {k: hi for k, (_, hi) in ranges.items()},
+              {k: (lo + hi) // 2 for k, (lo, hi) in ranges.items()},
+              {k: min(lo + 1, hi) for k, (lo, hi) in ranges.items()}]
+    try:
+        return all(sym.evaluate(x, env) == sym.evaluate(y, env)
+                   for env in points for x, y in zip(a, b))
+    except KilnError:
+        return False
+
+
+#: Python operators torch.export records on SymInts (``b * 2``, ``s // 2``, ``s >= 1``).
+_SIZE_OPERATORS = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv,
+                             operator.truediv, operator.mod, operator.neg, operator.pos,
+                             operator.eq, operator.ne, operator.lt, operator.le, operator.gt,
+                             operator.ge, operator.and_, operator.or_, operator.not_})
+#: ATen ops on sizes (evaluated from the recorded value) and runtime asserts (dropped).
+_SIZE_ATEN = ("aten.sym_size.", "aten.sym_numel.", "aten.sym_stride.",
+              "aten.sym_storage_offset.", "aten._assert_scalar.", "aten._assert_async.",
+              "aten.sym_constrain_range", "aten._functional_assert_scalar.")
+
+
+def _is_size_op(node: Any) -> bool:
+    """Whether ``node`` computes a size (a SymInt / SymBool), not a tensor."""
+    t = node.target
+    if t in _SIZE_OPERATORS:
+        return True
+    if str(t).startswith(_SIZE_ATEN):
+        return True
+    name = getattr(t, "__name__", "")
+    return getattr(t, "__module__", "") in ("torch", "torch.fx.experimental.sym_node") and \
+        name.startswith(("sym_", "_sym_"))
+
+
+def _size_op(ctx: Context, node: Any) -> Any:
+    """A size computation evaluated at import: its Kiln dim, never the upper bound.
+
+    torch recorded the result (``node.meta["val"]``) as a SymInt over the program's symbols,
+    so its expression *is* the answer; runtime asserts and SymBools (which only feed asserts)
+    become None.
+    """
+    import torch
+
+    ctx.node = node
+    val = node.meta.get("val")
+    if isinstance(val, torch.SymInt):
+        return ctx.dim(val)
+    if isinstance(val, (bool, int, float)):
+        return val
+    return None

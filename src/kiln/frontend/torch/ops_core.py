@@ -5,6 +5,11 @@ pooling, batch norm, resize, pad) are in :mod:`.ops_vision`, transformer ops (so
 attention, masks, indexing) in ``ops_transformer``. Imports only ``kiln.ir`` / ``kiln.runtime``
 and :mod:`.converter`, never ``torch``: every argument arrives already bound by schema name.
 
+Symbolic dims (``torch.export.Dim``): shape targets come from the dims torch recorded
+(:meth:`Context.out_dims`), given to the IR as ``sym_shape``; a size argument that is a symbolic
+dim arrives as its Kiln expression (a ``str``) and becomes a size value (:meth:`Context.size_value`)
+where it meets tensor math.
+
 Type promotion is torch's: the walk casts each result to the dtype torch recorded for the node,
 and the arithmetic converters cast their operands to it first, so ``int_tensor / 2`` divides in
 float as torch does.
@@ -19,6 +24,7 @@ import numpy as np
 
 from ...ir import Value
 from ...ir.types import np_dtype
+from ...runtime import sym
 from .converter import Args, Context, aten_op
 
 __all__: list[str] = []
@@ -29,6 +35,8 @@ def _operand(ctx: Context, x: Any, dtype: str) -> Value:
     """A tensor operand of dtype ``dtype``: Values are cast, Python numbers become constants."""
     if isinstance(x, Value):
         return ctx.cast(x, dtype)
+    if isinstance(x, str):  # a symbolic size (``x / seq``)
+        return ctx.size_value(x, dtype)
     return ctx.const(np.asarray(x, dtype=np_dtype(dtype)))
 
 
@@ -197,6 +205,9 @@ def _binary(ir_op: str, other: str = "other") -> Any:
             y = y * alpha if not isinstance(y, Value) else \
                 ctx.emit1("multiply", ctx.cast(y, dt), _operand(ctx, alpha, dt))
         op = ir_op
+        if op in ("add", "subtract") and isinstance(x, Value) and x.dtype == dt and \
+                not isinstance(y, (Value, str)) and y == 0:
+            return x  # ``arange(seq) + 0`` (transformers' position ids): keeps the iota
         if dt == "bool" and op.startswith("bitwise_"):
             op = "logical_" + op[len("bitwise_"):]  # `mask & mask`: the IR's bitwise ops take integers
         return ctx.emit1(op, _operand(ctx, x, dt), _operand(ctx, y, dt))
@@ -325,17 +336,26 @@ def _assert_metadata(ctx: Context, node: Any, a: Args) -> list[Value | None]:
 
 
 # ------------------------------------------------------------------ shape ops
+def reshape_out(ctx: Context, x: Value) -> Value:
+    """``x`` reshaped to the dims torch recorded for the node (symbolic ones included), keeping
+    an iota (:attr:`Context.iotas`) when only unit dims change."""
+    y = ctx.reshape_dims(x, ctx.out_dims())
+    if x in ctx.iotas and sum(d != 1 for d in y.type.dims) <= 1:
+        ctx.iotas[y] = ctx.iotas[x]
+    return y
+
+
 @aten_op("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
          "aten.view_copy.default")
 def _view(ctx: Context, node: Any, a: Args) -> Value:
-    return ctx.reshape(a["self"], ctx.out_shape())
+    return reshape_out(ctx, a["self"])
 
 
 @aten_op("aten.flatten.using_ints", "aten.squeeze.default", "aten.squeeze.dim",
          "aten.squeeze.dims", "aten.unsqueeze.default", "aten.unflatten.int")
 def _reshape_like(ctx: Context, node: Any, a: Args) -> Value:
     # Each of these only renames the dims; torch recorded the result shape.
-    return ctx.reshape(a["self"], ctx.out_shape())
+    return reshape_out(ctx, a["self"])
 
 
 @aten_op("aten.permute.default")
@@ -368,14 +388,17 @@ def _t(ctx: Context, node: Any, a: Args) -> Value:
 
 @aten_op("aten.expand.default", "aten.expand_as.default", "aten.broadcast_to.default")
 def _expand(ctx: Context, node: Any, a: Args) -> Value:
-    x, shape = a["self"], ctx.out_shape()
-    if x.shape == shape:
-        return x
-    return ctx.emit1("broadcast_to", x, shape=shape)
+    x = a["self"]
+    dims = ctx.out_dims()
+    if x.type.ndim < len(dims):
+        x = ctx.reshape_dims(x, (1,) * (len(dims) - x.type.ndim) + tuple(x.type.dims))
+    return ctx.broadcast_dims(x, dims)
 
 
 @aten_op("aten.repeat.default")
 def _repeat(ctx: Context, node: Any, a: Args) -> Value:
+    if any(isinstance(r, str) for r in a["repeats"]):
+        raise ctx.unsupported(f"repeat by the symbolic counts {tuple(a['repeats'])}")
     x, reps = a["self"], tuple(int(r) for r in a["repeats"])
     if len(reps) > x.type.ndim:
         x = ctx.reshape(x, (1,) * (len(reps) - x.type.ndim) + x.shape)
@@ -399,7 +422,7 @@ def _cat(ctx: Context, node: Any, a: Args) -> Value:
 def _stack(ctx: Context, node: Any, a: Args) -> Value:
     dt, shape = ctx.out_dtype(), ctx.out_shape()
     axis = _dim(ctx, a["dim"], len(shape))
-    parts = [ctx.reshape(ctx.cast(t, dt), t.shape[:axis] + (1,) + t.shape[axis:])
+    parts = [ctx.reshape_dims(ctx.cast(t, dt), t.type.dims[:axis] + (1,) + t.type.dims[axis:])
              for t in a["tensors"]]
     return parts[0] if len(parts) == 1 else ctx.emit1("concatenate", *parts, axis=axis)
 
@@ -409,9 +432,15 @@ def _slice(ctx: Context, node: Any, a: Args) -> Value:
     x = a["self"]
     axis = _dim(ctx, a["dim"], x.type.ndim)
     n = x.shape[axis]
-    start = 0 if a["start"] is None else int(a["start"])
-    end = n if a["end"] is None else int(a["end"])
-    step = int(a["step"] or 1)
+    d = x.type.dims[axis]
+    out = ctx.out_dims()[axis]
+    start, end, step = a["start"], a["end"], a["step"] or 1
+    if isinstance(d, str) or isinstance(out, str) or isinstance(start, str) or \
+            isinstance(end, str):
+        return _slice_symbolic(ctx, x, axis, start, end, step, out)
+    start = 0 if start is None else int(start)
+    end = n if end is None else int(end)
+    step = int(step)
     # clamp like Python slicing: torch uses sys.maxsize for "to the end"
     start, end, _ = slice(start, end, step).indices(n)
     if (start, end, step) == (0, n, 1):
@@ -420,10 +449,59 @@ def _slice(ctx: Context, node: Any, a: Args) -> Value:
                      axes=(axis,))
 
 
+def _slice_symbolic(ctx: Context, x: Value, axis: int, start: Any, end: Any, step: Any,
+                    out: Any) -> Value:
+    """A slice involving a symbolic dim: of a symbolic axis from its start, or of a static axis
+    to a symbolic length (``position_ids[:, :seq]``, a ``take`` of an iota)."""
+    d = x.type.dims[axis]
+    begin = 0 if start is None else start
+    if isinstance(begin, str) or isinstance(step, str) or int(step) != 1:
+        raise ctx.unsupported(f"slicing dim {d} of {x.type} from {start} to {end} step {step} "
+                              f"(symbolic slices must start at a static index, step 1)")
+    begin = int(begin)
+    if isinstance(d, str):
+        if begin == 0 and sym.canonical(out) == d:
+            return x  # the whole symbolic axis, e.g. x[:, :seq] or x[:, :INT_MAX]
+        if isinstance(end, int) and 0 <= begin < end and end <= 1:
+            return ctx.emit1("strided_slice", x, begin=(begin,), end=(end,), strides=(1,),
+                             axes=(axis,))
+        raise ctx.unsupported(f"slicing the symbolic dim {d} (axis {axis} of {x.type}) from "
+                              f"{start} to {end}: only the whole axis or its first element "
+                              f"(the padded layout keeps the data at the start of each dim)")
+    if isinstance(out, int):  # torch decided the length from the ranges
+        if begin < 0:
+            begin += d
+        return ctx.emit1("strided_slice", x, begin=(begin,), end=(begin + out,), strides=(1,),
+                         axes=(axis,))
+    # static axis, symbolic length: take(x, begin + arange(out))
+    if begin < 0:
+        begin += d
+    idx = iota(ctx, out, "int64", begin)
+    return ctx.emit1("take", x, idx, axis=axis)
+
+
+def iota(ctx: Context, n: Any, dtype: str, start: int = 0) -> Value:
+    """``start + arange(n)`` of ``dtype`` for a symbolic length ``n``: an exclusive running sum
+    of ones broadcast to ``(n,)`` (as the ONNX frontend computes ``Range``)."""
+    n = sym.canonical(n)
+    lo, _ = sym.bounds(n, ctx.graph.dim_ranges)
+    if lo < 0:
+        raise ctx.unsupported(f"a range of symbolic length {n} that may be negative")
+    ones = ctx.broadcast_dims(ctx.const(np.ones((1,), dtype=np_dtype(dtype))), (n,))
+    idx = ctx.emit1("cumsum", ones, axis=0, exclusive=True)
+    if start:
+        idx = ctx.emit1("add", idx, ctx.const(np.array(start, dtype=np_dtype(dtype))))
+    ctx.iotas[idx] = (n, start)
+    return idx
+
+
 def _axis_and_index(ctx: Context, x: Value, a: Args) -> tuple[int, int]:
     """``select``'s ``(dim, index)``, normalised; an InputError naming the node when out of range."""
     axis = _dim(ctx, a["dim"], x.type.ndim)
     n = x.shape[axis]
+    if isinstance(a["index"], str) or (isinstance(x.type.dims[axis], str) and a["index"] != 0):
+        raise ctx.unsupported(f"selecting index {a['index']} of dim {x.type.dims[axis]} of "
+                              f"{x.type} (a symbolic dim can only be selected at index 0)")
     idx = int(a["index"])
     if not -n <= idx < n:
         raise ctx.bad(f"index {idx} is out of range for dim {axis} of size {n}")
@@ -435,7 +513,7 @@ def _select(ctx: Context, node: Any, a: Args) -> Value:
     x = a["self"]
     axis, idx = _axis_and_index(ctx, x, a)
     y = ctx.emit1("strided_slice", x, begin=(idx,), end=(idx + 1,), strides=(1,), axes=(axis,))
-    return ctx.reshape(y, x.shape[:axis] + x.shape[axis + 1:])
+    return ctx.reshape_dims(y, x.type.dims[:axis] + x.type.dims[axis + 1:])
 
 
 def _scatter_along(ctx: Context, x: Value, src: Value, axis: int, positions: range) -> Value:
@@ -448,8 +526,10 @@ def _scatter_along(ctx: Context, x: Value, src: Value, axis: int, positions: ran
     n = x.shape[axis]
     if len(positions) == 0:
         return x
+    if isinstance(x.type.dims[axis], str):
+        raise ctx.unsupported(f"writing into the symbolic dim {x.type.dims[axis]} of {x.type}")
     if positions == range(0, n):
-        return ctx.emit1("broadcast_to", src, shape=x.shape) if src.shape != x.shape else src
+        return ctx.broadcast_dims(src, x.type.dims)
     idx = np.arange(n, dtype=np.int64)
     idx[list(positions)] = n + np.arange(len(positions), dtype=np.int64)
     if positions.step == 1:
@@ -472,6 +552,11 @@ def _slice_scatter(ctx: Context, node: Any, a: Args) -> Value:
     src = ctx.cast(a["src"], x.dtype)
     axis = _dim(ctx, a["dim"], x.type.ndim)
     n = x.shape[axis]
+    if isinstance(x.type.dims[axis], str) and a["start"] in (None, 0) and \
+            tuple(src.type.dims) == tuple(x.type.dims) and a["step"] in (None, 1):
+        return src  # the whole symbolic axis overwritten
+    if any(isinstance(a[k], str) for k in ("start", "end", "step")):
+        raise ctx.unsupported(f"slice_scatter with symbolic bounds into {x.type}")
     start = 0 if a["start"] is None else int(a["start"])
     end = n if a["end"] is None else int(a["end"])
     positions = range(*slice(start, end, int(a["step"] or 1)).indices(n))
@@ -482,7 +567,8 @@ def _slice_scatter(ctx: Context, node: Any, a: Args) -> Value:
 def _select_scatter(ctx: Context, node: Any, a: Args) -> Value:
     x = a["self"]
     axis, idx = _axis_and_index(ctx, x, a)
-    src = ctx.reshape(ctx.cast(a["src"], x.dtype), x.shape[:axis] + (1,) + x.shape[axis + 1:])
+    src = ctx.reshape_dims(ctx.cast(a["src"], x.dtype),
+                           x.type.dims[:axis] + (1,) + x.type.dims[axis + 1:])
     return _scatter_along(ctx, x, src, axis, range(idx, idx + 1))
 
 
@@ -491,9 +577,9 @@ def _copy(ctx: Context, node: Any, a: Args) -> Value:
     # functional copy_: the result is src, broadcast to self's shape in self's dtype
     x, src = a["self"], a["src"]
     src = ctx.cast(src, x.dtype)
-    if src.shape != x.shape:
-        src = ctx.emit1("broadcast_to", src, shape=x.shape)
-    return src
+    if src.type.ndim < x.type.ndim:
+        src = ctx.reshape_dims(src, (1,) * (x.type.ndim - src.type.ndim) + tuple(src.type.dims))
+    return ctx.broadcast_dims(src, x.type.dims)
 
 
 def _split(ctx: Context, x: Value, sizes: Sequence[int], axis: int) -> list[Value | None]:
@@ -510,11 +596,15 @@ def _split_like(ctx: Context, node: Any, a: Args) -> list[Value | None]:
     x = a["self"]
     axis = _dim(ctx, a["dim"], x.type.ndim)
     val = node.meta["val"]
-    sizes = [int(v.shape[axis]) if len(v.shape) == x.type.ndim else 1 for v in val]
-    outs = _split(ctx, x, sizes, axis)
+    sizes = [ctx.dim(v.shape[axis]) if len(v.shape) == x.type.ndim else 1 for v in val]
+    if any(isinstance(s, str) for s in sizes) or (isinstance(x.type.dims[axis], str)
+                                                  and len(sizes) > 1):
+        raise ctx.unsupported(f"splitting the symbolic dim {x.type.dims[axis]} of {x.type} "
+                              f"into {sizes}")
+    outs = _split(ctx, x, [int(k) for k in sizes], axis)
     if str(node.target) == "aten.unbind.int":
-        return [ctx.reshape(o, x.shape[:axis] + x.shape[axis + 1:]) if o is not None else None
-                for o in outs]
+        return [ctx.reshape_dims(o, x.type.dims[:axis] + x.type.dims[axis + 1:])
+                if o is not None else None for o in outs]
     return outs
 
 
@@ -550,9 +640,9 @@ def _mm(ctx: Context, node: Any, a: Args) -> Value:
     x, w = ctx.cast(a["self"], dt), ctx.cast(w_in, dt)
     if x.type.ndim == 1 or w.type.ndim == 1:
         # torch.matmul with a vector: promote to a matrix, then drop the added dim
-        x2 = ctx.reshape(x, (1,) + x.shape) if x.type.ndim == 1 else x
-        w2 = ctx.reshape(w, w.shape + (1,)) if w.type.ndim == 1 else w
-        return ctx.reshape(ctx.emit1("matmul", x2, w2), ctx.out_shape())
+        x2 = ctx.reshape_dims(x, (1,) + x.type.dims) if x.type.ndim == 1 else x
+        w2 = ctx.reshape_dims(w, w.type.dims + (1,)) if w.type.ndim == 1 else w
+        return ctx.reshape_dims(ctx.emit1("matmul", x2, w2), ctx.out_dims())
     return _matmul2(ctx, x, w)
 
 
@@ -620,7 +710,7 @@ def _argmax(ctx: Context, node: Any, a: Args) -> Value:
     if a["dim"] is None:
         x = ctx.reshape(x, (max(x.type.size, 1),) if x.type.ndim else (1,))
         y = ctx.emit1(op, x, axis=0, keepdims=False)
-        return ctx.reshape(y, ctx.out_shape())
+        return ctx.reshape_dims(y, ctx.out_dims())
     return ctx.emit1(op, x, axis=_dim(ctx, a["dim"], x.type.ndim), keepdims=bool(a["keepdim"]))
 
 
@@ -631,9 +721,21 @@ def _var(ctx: Context, node: Any, a: Args) -> Value:
     corr = a.get("correction")
     if corr is None:
         corr = 1 if a.get("unbiased", True) else 0
-    n = math.prod(x.shape[i] for i in axes)
     mean = ctx.emit1("reduce_mean", x, axes=axes, keepdims=True)
     d = ctx.emit1("subtract", x, mean)
     s = ctx.emit1("reduce_sum", ctx.emit1("multiply", d, d), axes=axes,
                   keepdims=bool(a["keepdim"]))
+    dims = [x.type.dims[i] for i in axes]
+    if any(isinstance(k, str) for k in dims) and float(corr).is_integer():
+        # the count of a symbolic axis is known at run time only (never its upper bound)
+        count = sym.sub(_prod(dims), int(corr))
+        return ctx.emit1("divide", s, ctx.size_value(count, s.dtype))
+    n = math.prod(x.shape[i] for i in axes)
     return ctx.emit1("divide", s, ctx.scalar(max(n - float(corr), 0.0), s))
+
+
+def _prod(dims: Sequence[Any]) -> Any:
+    out: Any = 1
+    for d in dims:
+        out = sym.mul(out, d)
+    return out

@@ -19,6 +19,9 @@ Two choices shape this file:
   ``full``, ``triu`` and comparisons of them (causal masks, position ids, T5's relative
   buckets) has all-constant inputs and is folded at import by :meth:`Context.emit`; attention
   then adds one constant bias. Only masks that depend on a runtime input cost runtime ops.
+  With symbolic dims (``torch.export.Dim``) a mask over the sequence is computed at run time:
+  ``arange(seq)`` is a runtime iota, and indexing a tensor with iotas over its own symbolic dims
+  (transformers' ``mask[batch_idx, kv_idx]``) is a reshape.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ import numpy as np
 
 from ...ir import Value
 from ...ir.types import np_dtype
+from ...runtime import sym
 from .converter import Args, Context, aten_op
+from .ops_core import iota
 
 __all__: list[str] = []
 
@@ -52,8 +57,13 @@ def _tensor(ctx: Context, x: Any, dtype: str) -> Value:
     return ctx.const(np.asarray(x, dtype=np_dtype(dtype)))
 
 
-def _filled(ctx: Context, value: Any, shape: Sequence[int], dtype: str) -> Value:
-    """A tensor of ``shape`` holding ``value``: a constant when small, else a broadcast."""
+def _filled(ctx: Context, value: Any, shape: Sequence[Any], dtype: str) -> Value:
+    """A tensor of ``shape`` holding ``value``: a constant when small, else a broadcast (always
+    a broadcast with ``sym_shape`` when a dim is symbolic)."""
+    if isinstance(value, str):
+        raise ctx.unsupported(f"a tensor filled with the symbolic size {value}")
+    if any(isinstance(d, str) for d in shape):
+        return ctx.broadcast_dims(ctx.const(np.asarray(value, dtype=np_dtype(dtype))), shape)
     shape = tuple(int(d) for d in shape)
     ctx.check_size(shape, "filled tensor")
     scalar = np.asarray(value, dtype=np_dtype(dtype))
@@ -189,6 +199,9 @@ def _index(ctx: Context, node: Any, a: Args) -> Value:
     dims = [d for d, i in enumerate(indices) if i is not None]
     if not dims:
         return x
+    if any(x.type.sym is not None and isinstance(x.type.dims[d], str) for d in dims) or \
+            any(i is not None and i.type.sym is not None for i in indices):
+        return _index_symbolic(ctx, x, indices, dims)
     data = ctx.try_static(x)
     keys = [ctx.try_static(indices[d]) for d in dims]
     if data is not None and all(k is not None for k in keys):
@@ -226,6 +239,27 @@ def _index(ctx: Context, node: Any, a: Args) -> Value:
     return ctx.emit1("take", merged, linear, axis=first)
 
 
+def _index_symbolic(ctx: Context, x: Value, indices: list[Value | None], dims: list[int]
+                    ) -> Value:
+    """Advanced indexing over symbolic dims: only with iotas (``arange`` of each indexed dim's
+    own extent) laid out in order, which select every element and so are a reshape to the
+    recorded shape (transformers' ``mask[batch_arange[:, None, None, None], kv_arange]``)."""
+    out = ctx.out_dims()
+    positions = []
+    for d in dims:
+        i = indices[d]
+        it = ctx.iotas.get(i) if i is not None else None
+        if i is None or it is None or it[1] != 0 or sym.canonical(it[0]) != x.type.dims[d] or \
+                sum(k != 1 for k in i.type.dims) > 1:
+            raise ctx.unsupported(f"advanced indexing of {x.type} with a symbolic dim (only "
+                                  f"indices that are arange of each indexed dim are supported)")
+        positions.append(next((p for p, k in enumerate(i.type.dims) if k != 1), -1))
+    if positions != sorted(positions) or dims != list(range(len(dims))) or \
+            len(indices) - indices.count(None) != len(dims):
+        raise ctx.unsupported(f"advanced indexing of {x.type} with reordering arange indices")
+    return ctx.reshape_dims(x, out)
+
+
 @aten_op("aten.cumsum.default")
 def _cumsum(ctx: Context, node: Any, a: Args) -> Value:
     x = ctx.cast(a["self"], ctx.out_dtype())
@@ -249,7 +283,7 @@ def _baddbmm(ctx: Context, node: Any, a: Args) -> Value:
 
 
 # ------------------------------------------------------------------ attention
-def _additive_mask(ctx: Context, mask: Value | None, causal: bool, lq: int, lk: int,
+def _additive_mask(ctx: Context, mask: Value | None, causal: bool, lq: Any, lk: Any,
                    dtype: str) -> tuple[Value | None, Value | None]:
     """(bias to add to the scores, or None; 0/1 multiplier of rows that may attend to nothing).
 
@@ -259,6 +293,9 @@ def _additive_mask(ctx: Context, mask: Value | None, causal: bool, lq: int, lk: 
     constant mask the multiplier is a constant (and None when no row is fully masked).
     """
     allowed: np.ndarray | None = None
+    if causal and (isinstance(lq, str) or isinstance(lk, str)):
+        raise ctx.unsupported(f"is_causal attention over the symbolic lengths {lq} x {lk} (pass "
+                              f"an explicit mask)")
     if causal:  # torch's is_causal: top-left aligned lower triangle
         allowed = np.tril(np.ones((lq, lk), dtype=bool))
     if mask is None:
@@ -340,8 +377,10 @@ def attention(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, ca
     k, v = ctx.cast(k, dt), ctx.cast(v, dt)
     if q.type.ndim < 2:
         raise ctx.bad(f"attention query must be at least 2-D, got shape {q.shape}")
-    lq, e = q.shape[-2:]
-    lk = k.shape[-2]
+    lq, e = q.type.dims[-2:]
+    lk = k.type.dims[-2]
+    if isinstance(e, str):
+        raise ctx.unsupported(f"attention with the symbolic head dim {e}")
     if gqa and q.type.ndim >= 3:
         k = _repeat_heads(ctx, k, q.shape[-3])
         v = _repeat_heads(ctx, v, q.shape[-3])
@@ -414,29 +453,29 @@ def _sdpa_efficient(ctx: Context, node: Any, a: Args) -> list[Value | None]:
 # ------------------------------------------------------------------ factories
 @aten_op("aten.full.default", "aten.new_full.default")
 def _full(ctx: Context, node: Any, a: Args) -> Value:
-    return _filled(ctx, a["fill_value"], ctx.out_shape(), ctx.out_dtype())
+    return _filled(ctx, a["fill_value"], ctx.out_dims(), ctx.out_dtype())
 
 
 @aten_op("aten.full_like.default")
 def _full_like(ctx: Context, node: Any, a: Args) -> Value:
-    return _filled(ctx, a["fill_value"], ctx.out_shape(), ctx.out_dtype())
+    return _filled(ctx, a["fill_value"], ctx.out_dims(), ctx.out_dtype())
 
 
 @aten_op("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default",
          "aten.empty.memory_format", "aten.empty_like.default", "aten.new_empty.default")
 def _zeros(ctx: Context, node: Any, a: Args) -> Value:
     # empty*: any contents are valid; zeros make the result deterministic
-    return _filled(ctx, 0, ctx.out_shape(), ctx.out_dtype())
+    return _filled(ctx, 0, ctx.out_dims(), ctx.out_dtype())
 
 
 @aten_op("aten.ones.default", "aten.ones_like.default", "aten.new_ones.default")
 def _ones(ctx: Context, node: Any, a: Args) -> Value:
-    return _filled(ctx, 1, ctx.out_shape(), ctx.out_dtype())
+    return _filled(ctx, 1, ctx.out_dims(), ctx.out_dtype())
 
 
 @aten_op("aten.fill.Scalar")
 def _fill(ctx: Context, node: Any, a: Args) -> Value:
-    return _filled(ctx, a["value"], ctx.out_shape(), ctx.out_dtype())
+    return _filled(ctx, a["value"], ctx.out_dims(), ctx.out_dtype())
 
 
 @aten_op("aten.scalar_tensor.default")
@@ -448,7 +487,11 @@ def _scalar_tensor(ctx: Context, node: Any, a: Args) -> Value:
 def _arange(ctx: Context, node: Any, a: Args) -> Value:
     start = a.get("start", 0)
     step = a.get("step", 1)
-    n = ctx.out_shape()[0]
+    n = ctx.out_dims()[0]
+    if isinstance(n, str):
+        return _arange_symbolic(ctx, start, step, n)
+    if isinstance(start, str) or isinstance(step, str):
+        raise ctx.unsupported(f"arange starting at {start} with step {step} (symbolic)")
     # start + i * step (torch's definition), computed in float64 and then cast: the recorded
     # length is authoritative, so no float-rounding of (end - start) / step can change it
     vals = start + np.arange(n, dtype=np.float64) * step
@@ -456,6 +499,28 @@ def _arange(ctx: Context, node: Any, a: Args) -> Value:
     if np.dtype(dt).kind in "iu":
         vals = np.round(vals)
     return ctx.const(vals.astype(dt))
+
+
+def _arange_symbolic(ctx: Context, start: Any, step: Any, n: str) -> Value:
+    """``arange`` of the symbolic length ``n``: a runtime iota, scaled and shifted."""
+    if isinstance(start, str) or isinstance(step, str):
+        raise ctx.unsupported(f"arange of length {n} starting at {start} with step {step} "
+                              f"(a symbolic start or step)")
+    dt = ctx.out_dtype()
+    integral = np.dtype(np_dtype(dt)).kind in "iu"
+    if integral and float(start).is_integer() and float(step).is_integer():
+        idx = iota(ctx, n, dt, int(start)) if step == 1 else iota(ctx, n, dt)
+        if step != 1:
+            idx = ctx.emit1("multiply", idx, ctx.const(np.array(int(step), np_dtype(dt))))
+            if start:
+                idx = ctx.emit1("add", idx, ctx.const(np.array(int(start), np_dtype(dt))))
+        return idx
+    idx = ctx.cast(iota(ctx, n, "int64"), dt)
+    if step != 1:
+        idx = ctx.emit1("multiply", idx, ctx.scalar(step, idx))
+    if start:
+        idx = ctx.emit1("add", idx, ctx.scalar(start, idx))
+    return idx
 
 
 # ------------------------------------------------------------------ masks

@@ -38,12 +38,14 @@ def _reshape_rel(ts, attrs):
     return [TensorType(shape, data.dtype)]
 
 
-register_op("reshape", attrs={"newshape": ("ints", REQUIRED), "alias": ("bool", False)},
+register_op("reshape", attrs={"newshape": ("ints", REQUIRED), "alias": ("bool", False),
+                              "sym_shape": ("dims", None)},
             type_rel=_reshape_rel, pattern=INJ,
             ref=lambda xs, a: [xs[0].reshape(a["newshape"]).copy()], inputs=("data",),
             doc="row-major reshape to a static shape (ONNX Reshape/Flatten/Squeeze/Unsqueeze); "
                 "alias=True (set by Simplify) means the output may share the input's storage "
-                "(the build emits __nop)")
+                "(the build emits __nop); sym_shape (optional, dynamic graphs) is the symbolic "
+                "target, one dim per newshape entry (see kiln.ir.sym_rules)")
 
 
 # ----------------------------------------------------------------------------- transpose
@@ -358,10 +360,12 @@ def _bcast_rel(ts, attrs):
     return [TensorType(shape, data.dtype)]
 
 
-register_op("broadcast_to", attrs={"shape": ("ints", REQUIRED)}, type_rel=_bcast_rel,
+register_op("broadcast_to", attrs={"shape": ("ints", REQUIRED), "sym_shape": ("dims", None)},
+            type_rel=_bcast_rel,
             pattern=OpPattern.BROADCAST,
             ref=lambda xs, a: [np.ascontiguousarray(np.broadcast_to(xs[0], a["shape"]))],
-            inputs=("data",), doc="numpy broadcast to a static shape (ONNX Expand)")
+            inputs=("data",), doc="numpy broadcast to a static shape (ONNX Expand); sym_shape "
+                                  "(optional) is the symbolic target in dynamic graphs")
 
 
 def _tile_rel(ts, attrs):

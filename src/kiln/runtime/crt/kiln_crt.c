@@ -264,6 +264,17 @@ __attribute__((visibility("hidden"))) const char* KilnShapeText(int32_t ndim, co
   return buf;
 }
 
+/* The shape a kernel expects: a dynamic dim (encoded -1 - max, see KilnCheckTensorArg) as "<=max". */
+static const char* KilnExpectShapeText(int32_t ndim, const int64_t* shape, char* buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "(");
+  for (int32_t i = 0; i < ndim && k < n; ++i) {
+    if (shape[i] < 0) k += (size_t)snprintf(buf + k, n - k, i ? ", <=%lld" : "<=%lld", (long long)(-1 - shape[i]));
+    else k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
+  }
+  if (k < n) snprintf(buf + k, n - k, ndim == 1 ? ",)" : ")");
+  return buf;
+}
+
 __attribute__((visibility("hidden"), format(printf, 1, 2))) int32_t KilnErrorf(const char* fmt, ...) {
   char msg[512];
   va_list ap;
@@ -293,19 +304,25 @@ __attribute__((visibility("hidden"))) int32_t KilnCheckTensorArg(const char* fn,
                            KilnDTypeText(t->dtype.code, t->dtype.bits, t->dtype.lanes, b, sizeof(b)));
   if (t->ndim != ndim)
     return KilnErrorf("%s: argument %d (%s) expected ndim %d with shape %s, got ndim %d with shape %s", fn, i,
-                           name, ndim, KilnShapeText(ndim, shape, a, sizeof(a)), t->ndim,
+                           name, ndim, KilnExpectShapeText(ndim, shape, a, sizeof(a)), t->ndim,
                            KilnShapeText(t->ndim, t->shape, b, sizeof(b)));
-  for (int32_t k = 0; k < ndim; ++k)
-    if (t->shape[k] != shape[k])
+  /* A dynamic dim is encoded as -1 - max (so a max of 0 stays distinguishable from a static 0):
+   * its extent may be anything in [0, max]; the storage is still laid out for max. */
+  for (int32_t k = 0; k < ndim; ++k) {
+    if (shape[k] < 0 ? (t->shape[k] < 0 || t->shape[k] > -1 - shape[k]) : t->shape[k] != shape[k])
       return KilnErrorf("%s: argument %d (%s) expected shape %s, got %s", fn, i, name,
-                             KilnShapeText(ndim, shape, a, sizeof(a)), KilnShapeText(ndim, t->shape, b, sizeof(b)));
+                             KilnExpectShapeText(ndim, shape, a, sizeof(a)),
+                             KilnShapeText(ndim, t->shape, b, sizeof(b)));
+  }
   if (t->strides != NULL) {
     int64_t expect = 1;
     for (int32_t k = ndim - 1; k >= 0; --k) {
-      if (shape[k] != 1 && t->strides[k] != expect)
+      /* strides of the max-shape layout; a dim of extent 1 may have any stride */
+      int64_t mx = shape[k] < 0 ? -1 - shape[k] : shape[k];
+      if (mx != 1 && t->shape[k] != 1 && t->strides[k] != expect)
         return KilnErrorf("%s: argument %d (%s) must be compact row-major (stride of dim %d is %lld, "
                                "expected %lld)", fn, i, name, k, (long long)t->strides[k], (long long)expect);
-      expect *= shape[k];
+      expect *= mx;
     }
   }
   return 0;

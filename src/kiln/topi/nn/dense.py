@@ -230,6 +230,10 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None, target: Any = N
     if pack is None:
         # a few rows read each B row once anyway: no pack (it would double the traffic)
         pack = nn >= bn and mm > DENSE_GEMV_MAX_M
+    if b.dyn is not None and b.dyn[-1] is not None:
+        # panels index columns as ``panel * bn + lane``, which no runtime extent bounds
+        # (attention's scores = Q x K^T over a dynamic sequence): read B directly
+        pack = False
     wl = workload_key("matmul", a.shape, b.shape, a.dtype)
     if pack:
         bn = int(current_config("matmul", wl, {"nt": bn})["nt"])

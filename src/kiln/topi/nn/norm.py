@@ -169,7 +169,9 @@ def softmax(x: te.Tensor, axis: int, log: bool = False, lanes: int | None = -1) 
     n = int(x.shape[axis])
     if lanes == -1:
         lanes = _softmax_lanes()
-    if lanes is not None and (axis != nd - 1 or n > SOFTMAX_MAX_ROW or n < 1):
+    dynamic_row = x.dyn is not None and x.dyn[axis] is not None
+    # (the blocked partials index the row as ``b * lanes + l``: no runtime extent bounds that)
+    if lanes is not None and (axis != nd - 1 or n > SOFTMAX_MAX_ROW or n < 1 or dynamic_row):
         lanes = None
     if lanes is not None:
         return _row_softmax(x, log, lanes)

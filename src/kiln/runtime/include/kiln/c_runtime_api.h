@@ -154,7 +154,9 @@ __attribute__((visibility("hidden"))) const char* KilnDTypeText(uint8_t code, ui
 __attribute__((visibility("hidden"))) const char* KilnShapeText(int32_t ndim, const int64_t* shape, char* buf, size_t n);
 /* Checks packed argument i against the
  * buffer a kernel was compiled for: a CPU DLTensor of dtype (code, bits), the given shape, compact
- * row-major; on a mismatch records "<fn>: argument <i> (<name>) ..." and returns -1, else 0. */
+ * row-major; on a mismatch records "<fn>: argument <i> (<name>) ..." and returns -1, else 0.
+ * A dynamic dim is given as -1 - max in shape: the tensor's extent may be 0..max, and its strides
+ * (when not NULL) must be those of the max shape (the padded layout of dynamic dimensions). */
 __attribute__((visibility("hidden"))) int32_t KilnCheckTensorArg(const char* fn, int32_t i, const char* name,
                                                                  const int32_t* type_codes, const KilnValue* args,
                                                                  int32_t ndim, const int64_t* shape, uint8_t code,

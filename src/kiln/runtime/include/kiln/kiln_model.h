@@ -16,8 +16,9 @@
  * lock it owns, and separate instances run independently (their kernels share one thread pool,
  * whose size is KilnSetNumThreads / KILN_NUM_THREADS).
  *
- * Shapes: this version's graphs have static shapes; KilnModelSetInputTensor takes the caller's
- * shape and dtype and checks them, which is how inputs with symbolic dimensions will be set.
+ * Shapes: this version runs static graphs; for a library with dynamic dimensions KilnModelCreate
+ * returns KILN_ERR_UNSUPPORTED naming them. KilnModelSetInputTensor takes the caller's shape and
+ * dtype and checks them, which is how inputs with symbolic dimensions will be set.
  *
  * Documented in docs/c_api.md. Depends only on kiln/c_runtime_api.h (DLPack types).
  */

@@ -1,0 +1,174 @@
+"""Executor-level control flow: the ``__if`` and ``__loop`` nodes of a graph JSON.
+
+A control-flow node holds nested graphs (``docs/graph_json_format.md``, "Control flow"). For
+each, the parent executor creates one sub-executor when it is created itself: the same library,
+the same devices, a storage plan of its own. At run time the node runs from Python between the
+parent's native segments (like ``__copy``); the nested graph's own kernels still run as native
+segments of the sub-executor.
+
+* **Arguments** of a nested graph are bound zero copy to the parent's entries before every run
+  (the parent's entries may have been rebound since: zero-copy inputs, shared params). The
+  reader checked that shapes and dtypes agree. A loop's iteration number and condition are
+  written into the sub-executor's own memory.
+* **Results** are copied into the parent's output entries: a nested head may be one of its
+  arguments or share storage with other entries, so binding it zero copy would be unsafe.
+* A loop keeps its carried values in the parent's output entries: they are initialised from
+  the node's initial inputs, the body reads them zero copy, and its results are copied back
+  after every iteration (a result that is itself a body argument is snapshotted first, so a
+  body that swaps two carried values stays correct).
+
+Errors raised while a nested graph runs are re-raised as :class:`KernelError` naming the node,
+its function and the branch (or body). CPU (host-visible) entries only.
+
+Runtime layer: imports nothing from the compiler.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import DeviceError, KernelError, KilnError
+
+if TYPE_CHECKING:
+    from .graph_executor import GraphExecutor
+    from .graph_json import GraphNode
+
+__all__ = ["make_control_runner"]
+
+
+class _Nested:
+    """One nested graph's executor and where its arguments and results live in the parent."""
+
+    def __init__(self, parent: "GraphExecutor", node: "GraphNode", key: str, in_eids: tuple[int, ...]) -> None:
+        from .graph_executor import GraphExecutor
+
+        g = node.subgraphs[key]
+        self.key = key
+        self.arg_eids = [g.entry_id(n) for n in g.arg_nodes]
+        self.head_eids = [g.entry_id(n, i) for n, i, _ in g.heads]
+        params = list(node.attrs.get(f"{key}_params", []))
+        self.n_decl = len(self.arg_eids) - len(params)
+        # every argument is bound to a parent entry before a run, so its own memory is never
+        # read: skip zero-filling it
+        names = [g.nodes[n].name for n in g.arg_nodes]
+        self.ex = GraphExecutor(g, parent.lib, parent.devices, prefilled=names)
+        for n in names:
+            self.ex.mark_set(n)
+        #: (nested arg entry, parent entry) of the nested graph's params
+        self.param_pairs = [(self.arg_eids[self.n_decl + k], in_eids[i]) for k, i in enumerate(params)]
+        roots = {self.ex.alias_root[e] for e in self.arg_eids}
+        #: heads that are (views of) arguments: read before anything is written back
+        self.head_is_arg = [self.ex.alias_root[h] in roots for h in self.head_eids]
+
+    def bind(self, parent: "GraphExecutor", pairs: list[tuple[int, int]]) -> None:
+        arrays = self.ex.arrays
+        for sub_eid, parent_eid in pairs:
+            arr = parent.arrays[parent_eid]
+            if arrays[sub_eid] is not arr:  # still bound from the last run: nothing to do
+                self.ex.bind(sub_eid, arr)
+
+    def results(self) -> list[Any]:
+        """The nested heads, snapshotted where a head is an argument's memory."""
+        arrs = [self.ex.arrays[h] for h in self.head_eids]
+        return [a.copyto(a.device) if snap else a for a, snap in zip(arrs, self.head_is_arg)]
+
+
+def _scalar(arr: Any) -> Any:
+    return np.asarray(arr.numpy()).reshape(-1)[0]
+
+
+class _ControlNode:
+    """Common state of an ``__if`` / ``__loop`` runner."""
+
+    def __init__(self, parent: "GraphExecutor", nid: int, node: "GraphNode",
+                 in_eids: tuple[int, ...], out_eids: tuple[int, ...]) -> None:
+        self.parent = parent
+        self.nid, self.name, self.func_name = nid, node.name, node.func_name
+        self.in_eids, self.out_eids = in_eids, out_eids
+        off = [e for e in in_eids + out_eids if not parent.entry_device[e].host_visible]
+        if off:
+            raise DeviceError(f"graph node {nid} ({node.name!r}): {node.func_name!r} runs on the CPU only; "
+                              f"entry {off[0]} is on {parent.entry_device[off[0]]}")
+
+    def _run(self, sub: _Nested) -> None:
+        try:
+            sub.ex.run()
+        except KilnError as err:
+            raise KernelError(f"graph node {self.nid} ({self.name!r}), function {self.func_name!r}, "
+                              f"{sub.key}: {err}") from err
+
+
+class _IfRunner(_ControlNode):
+    def __init__(self, parent: "GraphExecutor", nid: int, node: "GraphNode",
+                 in_eids: tuple[int, ...], out_eids: tuple[int, ...]) -> None:
+        super().__init__(parent, nid, node, in_eids, out_eids)
+        self.branches = [_Nested(parent, node, k, in_eids) for k in ("then_branch", "else_branch")]
+
+    def __call__(self) -> None:
+        p = self.parent
+        sub = self.branches[0 if bool(_scalar(p.arrays[self.in_eids[0]])) else 1]
+        sub.bind(p, [(sub.arg_eids[k], self.in_eids[1 + k]) for k in range(sub.n_decl)] + sub.param_pairs)
+        self._run(sub)
+        for o, r in zip(self.out_eids, sub.results()):
+            p.arrays[o].copyfrom(r)
+
+
+class _LoopRunner(_ControlNode):
+    def __init__(self, parent: "GraphExecutor", nid: int, node: "GraphNode",
+                 in_eids: tuple[int, ...], out_eids: tuple[int, ...]) -> None:
+        super().__init__(parent, nid, node, in_eids, out_eids)
+        self.body = b = _Nested(parent, node, "body", in_eids)
+        n = len(out_eids)
+        # carried state lives in the parent's outputs; captured values are the node's inputs
+        self.pairs = ([(b.arg_eids[2 + k], out_eids[k]) for k in range(n)]
+                      + [(b.arg_eids[2 + k], in_eids[2 + k]) for k in range(n, b.n_decl - 2)] + b.param_pairs)
+        # the iteration number and condition: written into the body executor's own memory
+        it_view, cond_view = b.ex.host_view(b.arg_eids[0]), b.ex.host_view(b.arg_eids[1])
+        assert it_view is not None and cond_view is not None  # CPU memory, checked above
+        self.it_view: np.ndarray = it_view
+        self.cond_view: np.ndarray = cond_view
+
+    def __call__(self) -> None:
+        p, b = self.parent, self.body
+        trip = int(_scalar(p.arrays[self.in_eids[0]]))
+        cond = bool(_scalar(p.arrays[self.in_eids[1]]))
+        for k, o in enumerate(self.out_eids):
+            p.arrays[o].copyfrom(p.arrays[self.in_eids[2 + k]])
+        b.bind(p, self.pairs)
+        it = 0
+        while cond and it < trip:
+            self.it_view[...] = it
+            self.cond_view[...] = cond
+            self._run(b)
+            res = b.results()
+            cond = bool(_scalar(res[0]))
+            for o, r in zip(self.out_eids, res[1:]):
+                p.arrays[o].copyfrom(r)
+            it += 1
+
+
+_RUNNERS = {"__if": _IfRunner, "__loop": _LoopRunner}
+
+
+def make_control_runner(parent: "GraphExecutor", nid: int, node: "GraphNode",
+                        in_eids: tuple[int, ...], out_eids: tuple[int, ...]) -> Any:
+    """The callable that runs control-flow node ``nid`` of ``parent`` once.
+
+    Parameters
+    ----------
+    parent : GraphExecutor
+        The executor the node belongs to (its storage is set up).
+    nid : int
+    node : GraphNode
+        An ``__if`` or ``__loop`` node, its nested graphs validated by the reader.
+    in_eids, out_eids : tuple of int
+        The node's input and output entries in ``parent``.
+
+    Returns
+    -------
+    callable
+        ``runner()`` runs the node; it raises :class:`KernelError` naming the node and branch.
+    """
+    return _RUNNERS[node.func_name](parent, nid, node, in_eids, out_eids)
