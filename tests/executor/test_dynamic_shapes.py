@@ -227,3 +227,14 @@ def test_dynamic_library_runs_without_the_compiler(mlp, tmp_path):
     proc = subprocess.run([sys.executable, "-c", RUNTIME_ONLY, str(m.path)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "DYNAMIC OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_debug_executor_runs_and_profiles_at_the_actual_shape(mlp):
+    m, ws = mlp
+    dm = kiln.runtime.load_module(str(m.path)).debug_create(kiln.cpu())
+    x = RNG.standard_normal((3, 16)).astype("float32")
+    dm.set_input("x", x)
+    rep = dm.profile(number=2, repeat=1)
+    assert all(row.input_shapes[0][0] == 3 for row in rep), [r.input_shapes for r in rep]
+    dm.run()
+    np.testing.assert_allclose(dm.get_output(0).numpy(), _mlp_ref(x, ws), rtol=1e-5, atol=1e-6)

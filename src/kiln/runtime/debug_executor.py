@@ -142,13 +142,19 @@ class GraphModuleDebug(GraphModule):
         return os.path.join(self.dump_root, _DUMP_DIR)
 
     def _shapes(self, op: _Op) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
-        g = self.module.graph
-        return tuple(g.shape[e] for e in op.in_eids), tuple(g.shape[e] for e in op.out_eids)
+        ex = self.module
+
+        def shape(e: int) -> tuple[int, ...]:  # the actual shape of a dynamic graph's entry
+            return ex.dyn.shape(e) if ex.dyn is not None else ex.graph.shape[e]
+
+        return tuple(shape(e) for e in op.in_eids), tuple(shape(e) for e in op.out_eids)
 
     def _run_by_node(self, capture: bool) -> float:
         """Run every node separately, timing each; capture outputs to host if asked."""
         ex = self.module
         ex.require_inputs()
+        if ex.dyn is not None:
+            ex.dyn.prepare()  # this run's shapes, as GraphExecutor.run applies them
         self._last_times = {}
         if capture:
             # Inputs too, as they were when this run started (debug_get_output shows them).
@@ -161,6 +167,8 @@ class GraphModuleDebug(GraphModule):
             t0 = clock()
             f()
             t1 = clock()
+            if op.nid in ex.decided_by:
+                ex._take_data_dims(ex.decided_by[op.nid])
             self._last_times[op.nid] = (t0 - t_start, t1 - t0)
             if capture:
                 self._node_outputs[op.nid] = [ex.arrays[e].numpy() for e in op.out_eids]

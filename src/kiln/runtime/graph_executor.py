@@ -353,8 +353,12 @@ class GraphExecutor:
 
             segments.append(run_native)
 
+        #: op nid -> the data-dependent dims its kernel decides (read after it runs)
+        self.decided_by: dict[int, list[str]] = {}
         for op in self.ops:
             names = [n for e in op.out_eids for n in decides.get(e, ())]
+            if names:
+                self.decided_by[op.nid] = names
             if op.kind == "native":
                 pending.append(op)
                 if names:

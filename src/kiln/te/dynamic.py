@@ -15,9 +15,12 @@ its axes (data-parallel and reduce) from how its body reads its inputs:
 * an explicit ``dyn`` on the operation's output (:func:`kiln.te.set_dyn`) fixes its data
   axes instead (authoritative);
 * every read along a dynamic dimension must then be *bounded*: the index is the constant 0
-  (every valid dynamic extent is >= 1 wherever there is a valid output element) or an axis
-  variable whose runtime extent is the same Var.  Anything else is a
-  :class:`~kiln.runtime.errors.CompileError` -- never a silently wrong kernel.
+  (every valid dynamic extent is >= 1 wherever there is a valid output element), an axis
+  variable whose runtime extent is the same Var, an index from data checked against it at run
+  time, or any index the read is guarded by -- a lazy ``if_then_else(index < n, T[index], ..)``
+  or a reduction's ``where`` saying ``index < n`` (packing a dynamic axis into panels).
+  Anything else is a :class:`~kiln.runtime.errors.CompileError` -- never a silently wrong
+  kernel.
 
 The lowering (:mod:`kiln.te.lower_schedule`) turns the extents into guards ``index < n``
 and those into loop bounds (:func:`dyn_guard`, :func:`relaxed_guards`).
@@ -30,12 +33,55 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..runtime.errors import CompileError
-from ..tir.expr import CHECKED_INDEX, BinaryOp, Call, Cast, IntImm, PrimExpr, ProducerLoad, Var, binary, const
-from ..tir.functor import collect_vars, post_order_visit
+from ..tir.expr import (CHECKED_INDEX, BinaryOp, Call, Cast, IntImm, PrimExpr, ProducerLoad, Reduce, Select, Var,
+                        binary, const, structural_equal)
+from ..tir.functor import children, collect_vars, post_order_visit
 from ..tir.simplify import Analyzer
 from .tensor import IterVar, Operation, PlaceholderOp, Tensor
 
 __all__ = ["explicit_dyn", "infer_axis_extents", "tensor_dyn", "dyn_guard", "relaxed_guards"]
+
+
+def _guarded_loads(bodies: Sequence[PrimExpr]) -> list[tuple[ProducerLoad, tuple[PrimExpr, ...]]]:
+    """Every load with the conditions known true where it is evaluated: the conjuncts of the
+    enclosing lazy selects' conditions (true branch) and of the enclosing reductions' ``where``."""
+    out: list[tuple[ProducerLoad, tuple[PrimExpr, ...]]] = []
+    stack: list[tuple[Any, tuple[PrimExpr, ...]]] = [(b, ()) for b in reversed(bodies)]
+    while stack:
+        n, facts = stack.pop()
+        if isinstance(n, ProducerLoad):
+            out.append((n, facts))
+            stack.extend((i, facts) for i in n.indices)
+        elif isinstance(n, Select):
+            stack.append((n.cond, facts))
+            stack.append((n.true_value, facts + _conjuncts(n.cond)))
+            stack.append((n.false_value, facts))
+        elif isinstance(n, Reduce):
+            cond = _conjuncts(n.condition) if n.condition is not None else ()
+            stack.append((n.source, facts + cond))
+            if n.condition is not None:
+                stack.append((n.condition, facts))
+        else:
+            stack.extend((c, facts) for c in children(n))
+    return out
+
+
+def _conjuncts(cond: PrimExpr) -> tuple[PrimExpr, ...]:
+    if isinstance(cond, BinaryOp) and cond.op == "and":
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return (cond,)
+
+
+def _guarded(idx: PrimExpr, v: Var, facts: Sequence[PrimExpr]) -> bool:
+    """Whether a fact says ``idx < v`` (the index is below the runtime extent where read)."""
+    for f in facts:
+        if isinstance(f, BinaryOp) and f.op == "lt":
+            bound = f.b
+            while isinstance(bound, Cast):
+                bound = bound.value
+            if bound is v and structural_equal(f.a, idx):
+                return True
+    return False
 
 
 def _loads(bodies: Sequence[PrimExpr]) -> list[ProducerLoad]:
@@ -95,7 +141,9 @@ def infer_axis_extents(op: Operation, bodies: Sequence[PrimExpr], dyn_of: Callab
             if v is not None:
                 ext[iv] = v
     fixed = set(op.axis) if explicit is not None else set()
-    loads = [(pl, dyn_of(pl.producer)) for pl in _loads(list(bodies) + list(original))]
+    guarded = _guarded_loads(list(bodies) + list(original))
+    loads = [(pl, dyn_of(pl.producer)) for pl, _ in guarded]
+    facts_of = {id(pl): f for pl, f in guarded}
     # pass 1: exact reads give axes their extents
     for pl, dyn in loads:
         for d, v in enumerate(dyn or ()):
@@ -126,7 +174,7 @@ def infer_axis_extents(op: Operation, bodies: Sequence[PrimExpr], dyn_of: Callab
                 continue
             if isinstance(idx, Var) and idx in by_var and ext.get(by_var[idx]) is v:
                 continue
-            if _checked_against(idx, v):
+            if _checked_against(idx, v) or _guarded(idx, v, facts_of.get(id(pl), ())):
                 continue
             raise CompileError(
                 f"lower {fname}: {op.name}: index {idx} along dynamic axis {d} (runtime extent {v.name}, at most "
@@ -186,16 +234,25 @@ def relaxed_guards(guard: PrimExpr, depth: dict[Var, int], ana: Analyzer) -> lis
     if not (isinstance(guard, BinaryOp) and guard.op == "lt"):
         return []
     terms, c = ana._linear(ana.simplify(guard.a))
-    levels: list[tuple[int, Var, int]] = []
+    levels: list[tuple[int, Any, int]] = []
     for atom, k in terms.values():
-        if not (isinstance(atom, Var) and atom in depth and k > 0):
+        # a loop variable, or the quotient / remainder of one by a positive constant (a split
+        # axis inside a fused loop): non-negative, and known at that variable's level
+        var = atom
+        if isinstance(atom, BinaryOp) and atom.op in ("floordiv", "floormod") and isinstance(atom.b, IntImm) \
+                and atom.b.value > 0:
+            var = atom.a
+        if not (isinstance(var, Var) and var in depth and k > 0):
             return []
-        levels.append((depth[atom], atom, k))
+        levels.append((depth[var], atom, k))
     if any(v in depth for v in collect_vars(guard.b)):
         return []
     levels.sort(key=lambda t: t[0])
     out = []
+    # (two atoms of one variable, e.g. quotient and remainder of a fused loop, share a level)
     for n in range(1, len(levels)):
+        if levels[n][0] == levels[n - 1][0]:
+            continue
         lhs: PrimExpr = const(c)
         for _, v, k in levels[:n]:
             lhs = lhs + (v if k == 1 else v * k)

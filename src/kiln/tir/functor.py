@@ -15,7 +15,7 @@ from .expr import (
 )
 from .stmt import Allocate, BufferStore, Evaluate, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
-__all__ = ["loop_closure", "Mutator", "post_order_visit", "substitute", "collect_vars", "uses_var"]
+__all__ = ["loop_closure", "Mutator", "children", "post_order_visit", "substitute", "collect_vars", "uses_var"]
 
 
 class Mutator:
@@ -150,6 +150,11 @@ def _children(n: Any) -> list[Any]:
     if isinstance(n, Evaluate):
         return [n.value]
     return []
+
+
+def children(node: Any) -> list[Any]:
+    """The direct sub-expressions / sub-statements of ``node`` (none for a leaf)."""
+    return _children(node)
 
 
 def post_order_visit(node: Any, fvisit: Callable[[Any], None]) -> None:

@@ -230,10 +230,9 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None, target: Any = N
     if pack is None:
         # a few rows read each B row once anyway: no pack (it would double the traffic)
         pack = nn >= bn and mm > DENSE_GEMV_MAX_M
-    if b.dyn is not None and b.dyn[-1] is not None:
-        # panels index columns as ``panel * bn + lane``, which no runtime extent bounds
-        # (attention's scores = Q x K^T over a dynamic sequence): read B directly
-        pack = False
+    # a dynamic column count (attention's scores = Q x K^T over a dynamic sequence): the
+    # panels read column ``panel * bn + lane`` only below the runtime extent, zeros past it
+    ncols = b.dyn[-1] if b.dyn is not None and b.dyn[-1] is not None else None
     wl = workload_key("matmul", a.shape, b.shape, a.dtype)
     if pack:
         bn = int(current_config("matmul", wl, {"nt": bn})["nt"])
@@ -250,6 +249,8 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None, target: Any = N
         def pbody(*i: Any) -> Any:
             lead, no, kv, ni = i[:-3], i[-3], i[-2], i[-1]
             v = b[tuple(lead) + (kv, no * bn + ni)]
+            if ncols is not None:
+                return te.if_then_else(no * bn + ni < ncols, v, te.const(0, b.dtype))
             if nn % bn:
                 return te.if_then_else(no * bn + ni < nn, v, te.const(0, b.dtype))
             return v
