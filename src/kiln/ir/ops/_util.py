@@ -7,29 +7,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...runtime.errors import InputError
+from ..sym_rules import broadcast_dims
 from ..types import FLOAT_DTYPES, TensorType, np_dtype
 
 Attrs = dict[str, Any]
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
-    """NumPy (multidirectional) broadcasting of shapes; InputError if incompatible."""
-    ndim = max((len(s) for s in shapes), default=0)
-    out = [1] * ndim
-    for s in shapes:
-        off = ndim - len(s)
-        for i, d in enumerate(s):
-            cur = out[off + i]
-            if cur == d or d == 1:
-                continue
-            if cur == 1:
-                out[off + i] = d
-            else:
-                raise InputError(
-                    "shapes " + " and ".join(str(tuple(x)) for x in shapes)
-                    + " are not broadcastable"
-                )
-    return tuple(out)
+    """NumPy (multidirectional) broadcasting of shapes; InputError if incompatible.
+
+    The static case of :func:`kiln.ir.sym_rules.broadcast_dims` (one rule for both)."""
+    try:
+        return tuple(int(d) for d in broadcast_dims(*shapes))
+    except InputError:
+        raise InputError("shapes " + " and ".join(str(tuple(x)) for x in shapes) + " are not broadcastable") from None
 
 
 def norm_axis(axis: int, ndim: int, what: str = "axis") -> int:
