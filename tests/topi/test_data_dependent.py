@@ -186,7 +186,7 @@ def test_dim_value_reads_runtime_extents():
     g.declare_dim("b", 1, 6)
     g.declare_dim("s", 1, 9)
     x = g.add_input("x", ("b", "s"), "float32")
-    y = g.add_input("y", ("s", 3), "float32")
+    g.add_input("y", ("s", 3), "float32")
     g.outputs = [dim_value(g, "b*s+2*s"), dim_value(g, "(s+1)//2")]
     assert [n.inputs for n in g.nodes if n.op == "dim_value"][1] == [x]  # an input carrying s
     for target in ("llvm", "c"):
@@ -195,4 +195,3 @@ def test_dim_value_reads_runtime_extents():
             m.run(x=np.zeros((b, s), "float32"), y=np.zeros((s, 3), "float32"))
             assert m.get_output(0).numpy().tolist() == [b * s + 2 * s]
             assert m.get_output(1).numpy().tolist() == [(s + 1) // 2]
-    del y

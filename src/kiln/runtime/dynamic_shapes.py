@@ -70,9 +70,12 @@ class DynamicShapes:
         arrays are rewritten in place and dynamic entries get padded-layout ``strides``.
     inputs : dict of str to int
         Input name -> entry id of the graph's real inputs.
+    sources : dict, optional
+        :func:`data_dim_sources` of ``graph``, if the caller has it already.
     """
 
-    def __init__(self, graph: Any, tensors: Sequence[Any], inputs: Mapping[str, int]) -> None:
+    def __init__(self, graph: Any, tensors: Sequence[Any], inputs: Mapping[str, int],
+                 sources: Mapping[str, tuple[int, int]] | None = None) -> None:
         assert graph.sym_shape is not None
         self.sym_shape: tuple[tuple[int | str, ...], ...] = graph.sym_shape
         self.ranges: dict[str, tuple[int, int]] = dict(graph.dim_ranges)
@@ -82,7 +85,7 @@ class DynamicShapes:
         self._fn = sym.shape_function([self.sym_shape[e] for e in self.dynamic_eids])
         self.input_names = {e: n for n, e in inputs.items() if e in set(self.dynamic_eids)}
         #: data-dependent symbol -> (entry, dim) whose kernel writes its value
-        self.sources = data_dim_sources(graph)
+        self.sources = dict(sources) if sources is not None else data_dim_sources(graph)
         plain = {d for e in self.input_names for d in self.sym_shape[e] if isinstance(d, str) and d in self.ranges}
         unbound = sorted(set(self.ranges) - plain - self.sources.keys())
         if unbound:

@@ -167,6 +167,8 @@ class GraphExecutor:
         self.linked: set[str] = set()  # params whose memory is constant data inside the library
         self._unset: set[str] = set(self.arg_names)  # arguments never given a value (run refuses)
         self._setup_storage({self.arg_eid[n] for n in prefilled if n in self.arg_eid})
+        #: data-dependent symbol -> (entry, dim) its kernel writes (read by the segments and dyn)
+        self.dim_sources = data_dim_sources(g)
         self._setup_ops()
         self._bind_linked_params()
         #: Symbols and actual shapes of a graph with dynamic dimensions (None when static).
@@ -174,7 +176,7 @@ class GraphExecutor:
         if g.sym_shape is not None:
             if any(not d.host_visible for d in self.entry_device):
                 raise DeviceError("graphs with dynamic dimensions run on the CPU only for now")
-            self.dyn = DynamicShapes(g, self.tensors, self.arg_eid)
+            self.dyn = DynamicShapes(g, self.tensors, self.arg_eid, self.dim_sources)
 
     # ---------------------------------------------------------------------------------------
     # storage
@@ -326,7 +328,7 @@ class GraphExecutor:
         # a kernel deciding a data-dependent dim ends its segment: the dim is read from the
         # kernel's output, and every later entry re-shaped, before the next kernel runs
         decides: dict[int, list[str]] = {}
-        for name, (eid, _) in data_dim_sources(self.graph).items():
+        for name, (eid, _) in self.dim_sources.items():
             decides.setdefault(eid, []).append(name)
         self.native_segments: list[tuple[Any, list[_Op]]] = []  # (calls array, ops); for introspection
 

@@ -222,25 +222,9 @@ def symbols(d: Dim) -> frozenset[str]:
     return frozenset(out)
 
 
-def _eval_atom(a: str, env: Mapping[str, int]) -> int:
-    if _NAME.match(a):
-        try:
-            return int(env[a])
-        except KeyError:
-            raise InputError(f"dimension {a!r} has no value") from None
-    inner, c = a[1:a.rindex(")")], int(a[a.rindex("//") + 2:])
-    return evaluate(inner, env) // c
-
-
 def evaluate(d: Dim, env: Mapping[str, int]) -> int:
     """The value of ``d`` with every symbol given by ``env``."""
-    total = 0
-    for m, c in _poly(d).items():
-        v = c
-        for a in m:
-            v *= _eval_atom(a, env)
-        total += v
-    return total
+    return int(expand(d, {k: int(v) for k, v in env.items()}))  # type: ignore[call-overload]
 
 
 def expand(d: Dim, env: Mapping[str, object]) -> object:

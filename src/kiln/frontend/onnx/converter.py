@@ -233,11 +233,8 @@ class Context:
         dynamic = attrs is not None and any(k.startswith("sym_") and a is not None
                                             for k, a in attrs.items())
         if inputs and op != "constant" and not dynamic and all(v.is_constant for v in inputs):
-            opdef = get_op(op)
             try:
-                opdef.check_num_inputs(len(inputs))
-                norm = opdef.normalize_attrs(attrs)
-                types = opdef.type_rel([v.type for v in inputs], norm)
+                opdef, norm, types = _checked(op, inputs, attrs)
             except InputError as exc:
                 raise InputError(f"{op} node {name!r}: {exc}") from None
             in_size = sum(v.type.size for v in inputs)
@@ -252,11 +249,8 @@ class Context:
         """:meth:`emit` of an op reading a symbolic shape value: evaluated at import when the
         dims determine the result, else emitted on the value computed at run time
         (:meth:`materialize`) — never on the upper bounds."""
-        opdef = get_op(op)
         try:
-            opdef.check_num_inputs(len(inputs))
-            norm = opdef.normalize_attrs(attrs)
-            types = opdef.type_rel([v.type for v in inputs], norm)
+            opdef, norm, types = _checked(op, inputs, attrs)
         except InputError as exc:
             raise self.bad(f"{op}: {exc}") from None
         if all(v.is_constant or v in self.sym_values for v in inputs):
@@ -1038,3 +1032,12 @@ def _const(v: Value) -> np.ndarray:
     arr = v.const_value
     assert arr is not None  # the caller checked is_constant
     return arr
+
+
+def _checked(op: str, inputs: list[Value], attrs: dict[str, Any] | None) -> tuple[Any, dict[str, Any], list[Any]]:
+    """``op``'s definition, normalised attributes and output types for ``inputs`` (what
+    ``Graph.add_node`` checks), for evaluating the op at import."""
+    opdef = get_op(op)
+    opdef.check_num_inputs(len(inputs))
+    norm = opdef.normalize_attrs(attrs)
+    return opdef, norm, opdef.type_rel([v.type for v in inputs], norm)

@@ -318,13 +318,7 @@ def _slice(ctx: Context, node, ins, attrs):
             else (1,) * len(starts)
         if ctx.is_dynamic(x) or any(isinstance(d, str) for d in starts + ends):
             return _slice_sym(ctx, x, starts, ends, axes, steps)
-    nd = x.type.ndim
-    if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise ctx.bad(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have "
-                      f"the same length")
-    axes = tuple(ctx.axis(a, nd) for a in axes)
-    if len(set(axes)) != len(axes):
-        raise ctx.bad(f"axes {axes} repeat an axis")
+    axes = _slice_axes(ctx, x, starts, ends, axes, steps)
     if 0 in steps:
         raise ctx.bad(f"steps {steps} contain 0")
     # Canonicalize: clamp to the int64-free range of this shape so attrs stay small.
@@ -339,6 +333,18 @@ def _slice(ctx: Context, node, ins, attrs):
     return ctx.emit1("strided_slice", x, begin=begin, end=end, strides=steps, axes=axes)
 
 
+def _slice_axes(ctx: Context, x, starts, ends, axes, steps) -> tuple[int, ...]:
+    """Slice's axes, normalised, after checking that the four lists agree in length and that
+    no axis repeats."""
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.bad(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have "
+                      f"the same length")
+    axes = tuple(ctx.axis(a, x.type.ndim) for a in axes)
+    if len(set(axes)) != len(axes):
+        raise ctx.bad(f"axes {axes} repeat an axis")
+    return axes
+
+
 def _slice_sym(ctx: Context, x, starts, ends, axes, steps):
     """Slice when the data or the bounds have symbolic dims.
 
@@ -348,13 +354,7 @@ def _slice_sym(ctx: Context, x, starts, ends, axes, steps):
     layout keeps data at the start); any other range along a symbolic extent is a ``take`` of
     the index range ``begin, begin + step, ...``, whose length may be symbolic.
     """
-    nd = x.type.ndim
-    if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise ctx.bad(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have "
-                      f"the same length")
-    axes = tuple(ctx.axis(a, nd) for a in axes)
-    if len(set(axes)) != len(axes):
-        raise ctx.bad(f"axes {axes} repeat an axis")
+    axes = _slice_axes(ctx, x, starts, ends, axes, steps)
     dims = ctx.dims(x)
     ranges = ctx.graph.dim_ranges
     y = x
