@@ -238,7 +238,9 @@ def test_graph_on_a_device_is_refused_with_the_reason():
     assert "which no module compiled into this library defines" in src
 
 
-def test_graph_with_dynamic_dims_is_refused_with_the_reason():
+def test_graph_with_dynamic_dims_gets_its_symbol_tables():
+    # runs through the C API since version 2 (tests/capi/test_c_api_dynamic.py); data-dependent
+    # dims are still refused with the reason
     g = {
         "nodes": [{"op": "null", "name": "x", "inputs": []},
                   {"op": "tvm_op", "name": "k", "inputs": [[0, 0, 0]],
@@ -249,7 +251,10 @@ def test_graph_with_dynamic_dims_is_refused_with_the_reason():
                   "dim_ranges": ["list_dim_range", [["n", 1, 4]]]},
     }
     src = model_api.model_api_source(load_graph_json(g), [], "default", {"kern"})
-    assert "dynamic dimensions (n in 1..4)" in src and "kern(" not in src
+    assert '{"n", 1LL, 4LL, 0, 0}' in src and "kern(" in src
+    g["attrs"]["dim_ranges"] = ["list_dim_range", [["n", 0, 4, "data"]]]
+    src = model_api.model_api_source(load_graph_json(g), [], "default", {"kern"})
+    assert "data-dependent dimensions (n in 0..4)" in src and "kern(" not in src
 
 
 def test_cli_builds_static_library_params_file_and_headers(tmp_path):

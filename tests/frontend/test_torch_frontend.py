@@ -246,9 +246,10 @@ def test_unsupported_ops_listed_together_before_converting():
 
 
 def test_unsupported_variant_names_fx_node():
-    m = nn.Conv3d(2, 2, 1).eval()
-    with pytest.raises(UnsupportedOpError, match=r"FX node 'conv.*3-D convolution"):
-        kiln.frontend.from_torch(m, (torch.randn(1, 2, 2, 2, 2),))
+    # a supported op (avg_pool2d) in a variant Kiln does not convert
+    m = nn.AvgPool2d(2, ceil_mode=True, divisor_override=3).eval()
+    with pytest.raises(UnsupportedOpError, match=r"FX node 'avg_pool2d.*divisor_override"):
+        kiln.frontend.from_torch(m, (torch.randn(1, 2, 5, 5),))
 
 
 def test_unbounded_dynamic_dim_asks_for_a_maximum():

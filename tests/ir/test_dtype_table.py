@@ -19,16 +19,21 @@ def test_every_layer_accepts_the_same_dtypes():
 def test_facts_agree_with_the_runtime_table(name):
     dl = rt.to_dl(name)
     assert tir_dtype.dl_code(name) == rt.dl_code(name) == dl.code
-    assert tir_dtype.bits_of(name) == rt.bits(name) == dl.bits
+    assert tir_dtype.dl_bits(name) == rt.dl_bits(name) == dl.bits
+    # storage is whole bytes: a sub-byte type (int4, float4_e2m1fn, ...) takes one byte per element
+    assert tir_dtype.bits_of(name) == rt.bits(name) == 8 * rt.itemsize(name) == 8 * max(1, -(-dl.bits // 8))
     assert ir_types.np_dtype(name) == rt.np_dtype(name)
     assert ir_types.TensorType((2, 3), name).nbytes == 6 * rt.itemsize(name)
     assert tir_dtype.is_float(name) == (name in ir_types.FLOAT_DTYPES) == (name in rt.FLOAT_DTYPES)
     assert tir_dtype.is_integer(name) == (name in ir_types.INT_DTYPES)
+    assert tir_dtype.is_low_precision(name) == (name in ir_types.LOW_PRECISION_DTYPES) == (
+        name in rt.LOW_PRECISION_DTYPES)
     assert tir_dtype.check_dtype(name) == ir_types.normalize_dtype(name) == name
 
 
 def test_kinds_partition_the_table():
-    kinds = [rt.FLOAT_DTYPES, rt.SIGNED_DTYPES, rt.UNSIGNED_DTYPES, frozenset({"bool"})]
+    kinds = [rt.FLOAT_DTYPES, rt.SIGNED_DTYPES, rt.UNSIGNED_DTYPES, rt.LOW_PRECISION_DTYPES, frozenset({"bool"}),
+             frozenset({rt.STRING})]
     assert sorted(n for k in kinds for n in k) == sorted(rt.SUPPORTED)
     assert "bfloat16" in rt.FLOAT_DTYPES and "bool" not in rt.UNSIGNED_DTYPES
 

@@ -179,3 +179,23 @@ def test_parse_errors():
             "  %0 = relu(%x) : Tensor[(4, 3), float32]\n  return %0\n}")
     with pytest.raises(FormatError, match="infers"):
         parse(text)
+
+
+def test_evaluate_dynamic_graph_at_a_smaller_shape_uses_the_actual_targets():
+    """reshape / broadcast_to carry their upper-bound target next to the symbolic one; the
+    reference interpreter evaluates the symbolic one at the input's actual extents."""
+    from kiln.ir import evaluate
+
+    g = Graph("dyn_reshape")
+    g.declare_dim("n", 1, 8)
+    x = g.add_input("x", (1, "n", 4))
+    y = g.add("reshape", x, newshape=(8, 4), sym_shape=("n", 4))
+    z = g.add("broadcast_to", y, shape=(2, 8, 4), sym_shape=(2, "n", 4))
+    g.outputs = [y, z]
+    a = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    ry, rz = evaluate(g, {"x": a})
+    np.testing.assert_array_equal(ry, a.reshape(3, 4))
+    np.testing.assert_array_equal(rz, np.broadcast_to(a.reshape(3, 4), (2, 3, 4)))
+    # at the upper bound nothing changes
+    b = np.arange(32, dtype=np.float32).reshape(1, 8, 4)
+    np.testing.assert_array_equal(evaluate(g, {"x": b})[0], b.reshape(8, 4))

@@ -190,11 +190,13 @@ def test_plugin_registration(hostsim):
     assert dev.device_name == "hostsim"
 
 
-@pytest.mark.parametrize("dtype", SUPPORTED)
+# strings live on the host only (tests/runtime/test_string_tensors.py checks the refusal)
+@pytest.mark.parametrize("dtype", [d for d in SUPPORTED if d != "string"])
 def test_plugin_round_trip_every_dtype(hostsim, dtype):
     api, dev = hostsim
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal((3, 5)) * 10).astype(np_dtype(dtype))
+    x = (rng.standard_normal((3, 5)) * 10)
+    x = (np.abs(x) if dtype == "float8_e8m0fnu" else x).astype(np_dtype(dtype))  # e8m0: no negatives (NaN)
     copies = api.copies
     a = kiln.nd.array(x, device=dev)
     assert a.device == dev and a.dtype == dtype and a.shape == (3, 5)

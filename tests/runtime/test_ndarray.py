@@ -22,6 +22,10 @@ def _sample(dtype: str, shape=(4, 7)) -> np.ndarray:
     rng = np.random.default_rng(42)
     if dtype == "bool":
         return rng.integers(0, 2, shape).astype(bool)
+    if dtype == "string":  # text of varying length, as an object array of str
+        return np.asarray((rng.standard_normal(shape) * 50).astype(str), dtype=object)
+    if dtype == "float8_e8m0fnu":  # powers of two only: a negative value would be NaN (never equal to itself)
+        return np.abs(rng.standard_normal(shape) * 50).astype(dt.np_dtype(dtype))
     return (rng.standard_normal(shape) * 50).astype(dt.np_dtype(dtype))
 
 

@@ -155,7 +155,7 @@ def format_summary(info: dict[str, Any]) -> str:
         f"built {info['model']} -> {info['output']}  (target {info['target']}, opt-level {info['opt_level']})",
         f"  ops           {ops}",
         f"  fused groups  {info['fused_groups']}"
-        + (f" ({info['nop_aliases']} of them __nop aliases)" if info["nop_aliases"] else ""),
+        + (f" ({info['nop_aliases']} of them no-work __nop / __concat nodes)" if info["nop_aliases"] else ""),
         f"  kernels       {info['kernel_calls']} calls, {info['unique_functions']} unique functions",
         f"  memory        {memory_text(info['memory'])}",
         f"  params        {prm['count']} tensors, {fmt_bytes(prm['bytes'])}, {where}",

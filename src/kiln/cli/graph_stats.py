@@ -21,7 +21,9 @@ class GraphStats:
 
     ``planned_bytes`` sums the storages that only activations use (the plan's peak activation
     memory); ``no_reuse_bytes`` is what one buffer per kernel output would need (``__nop``
-    aliases excluded); ``fixed_bytes`` are the input and param storages.
+    aliases excluded); ``fixed_bytes`` are the input and param storages. ``nop_calls`` counts
+    the nodes that do no work: ``__nop`` aliases and concatenations written in place
+    (``__concat``).
     """
 
     num_nodes: int
@@ -67,14 +69,14 @@ def graph_json_stats(graph_json: Any, param_names: Sequence[str] = ()) -> GraphS
     sizes: dict[int, int] = {}
     for e in range(g.num_entries):
         sid = g.storage_id[e]
-        sizes[sid] = max(sizes.get(sid, 0), g.entry_bytes(e))
+        sizes[sid] = max(sizes.get(sid, 0), g.entry_offset(e) + g.entry_bytes(e))
     fixed_sids = {g.storage_id[e] for e in arg_entries}
     func_counts: dict[str, int] = {}
     no_reuse = nop = copy = 0
     for nid, node in enumerate(g.nodes):
         if not node.is_op:
             continue
-        if node.func_name == "__nop":
+        if node.func_name in ("__nop", "__concat"):  # no work: an alias, or a concat written in place
             nop += 1
             continue
         if node.func_name == "__copy":

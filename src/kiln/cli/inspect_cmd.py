@@ -389,6 +389,7 @@ def compiled_model_info(path: str) -> dict[str, Any] | None:
     from ..runtime import blob as _blob
     from ..runtime.executor_factory import TYPE_KEY, read_factory_payload
     from ..runtime.graph_json import load_graph_json
+    from ..runtime.sequences import describe_values
 
     raw = _raw_blob(path)
     if raw is None:
@@ -416,6 +417,7 @@ def compiled_model_info(path: str) -> dict[str, Any] | None:
         "memory": st.memory(),
         "param_names": sorted(params),
         "dim_ranges": {k: list(v) for k, v in graph.dim_ranges.items()},
+        "values": describe_values(graph),  # sequence / optional inputs and outputs (or None)
     }
 
 
@@ -446,11 +448,15 @@ def _format_compiled_model(m: dict[str, Any], functions: Any = ()) -> str:
                      "list below holds the inputs and the linked params)")
     lines += [f"  {'arg   ' if linked else 'input '} {_tensor_line(t)}" for t in m["inputs"]]
     lines += [f"  output {i}: {_tensor_line(t)}" for i, t in enumerate(m["outputs"])]
+    if m.get("values"):  # the tensors above regroup into these sequence / optional values
+        lines += [f"  input  {n}: {t} (set_input takes a list / None)" for n, t in m["values"]["inputs"].items()]
+        lines += [f"  value output {i} ({o['name']}): {o['type']} <- output(s) {', '.join(map(str, o['heads'])) or '-'}"
+                  for i, o in enumerate(m["values"]["outputs"])]
     if m.get("dim_ranges"):
         lines.append("  dynamic dims: " + ", ".join(f"{k} in {lo}..{hi}" for k, (lo, hi) in m["dim_ranges"].items())
                      + " (memory planned for the upper bounds)")
     lines.append(f"  kernels: {m['kernel_calls']} calls, {m['unique_functions']} unique functions"
-                 + (f", {m['nop_aliases']} __nop aliases" if m["nop_aliases"] else ""))
+                 + (f", {m['nop_aliases']} no-work __nop / __concat nodes" if m["nop_aliases"] else ""))
     lines.append(f"  params: {m['params']['count']} tensors, {fmt_bytes(m['params']['bytes'])}")
     lines.append(f"  memory plan: {m['memory']['num_storages']} storages; {memory_text(m['memory'])}")
     return "\n".join(lines)
@@ -471,14 +477,24 @@ def inspect_onnx(path: str, shapes: dict[str, Any] | None = None,
     import onnx
 
     def ttype(vi: Any) -> dict[str, Any]:
-        tt = vi.type.tensor_type
+        # a sequence / optional shows its element tensor's type, wrapped: sequence<float32>
+        wrap, tp = [], vi.type
+        while tp.WhichOneof("value") in ("sequence_type", "optional_type"):
+            kind = tp.WhichOneof("value")
+            wrap.append(kind.split("_")[0])
+            tp = tp.sequence_type.elem_type if kind == "sequence_type" else tp.optional_type.elem_type
+        tt = tp.tensor_type
         dims: list[Any] = []
         for dd in tt.shape.dim:
             dims.append(dd.dim_value if dd.HasField("dim_value") else (dd.dim_param or "?"))
         try:
             dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else "?"
+            if tt.elem_type == onnx.TensorProto.STRING:
+                dt = "string"  # NumPy's name is "object"; Kiln's dtype is "string"
         except Exception:  # noqa: BLE001
             dt = onnx.TensorProto.DataType.Name(tt.elem_type).lower()
+        for w in reversed(wrap):
+            dt = f"{w}<{dt}>"
         return {"name": vi.name, "dtype": dt, "shape": dims}
 
     inits = {t.name for t in g.initializer}

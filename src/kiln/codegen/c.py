@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..runtime.dtype import LOW_PRECISION_DTYPES
 from ..runtime.errors import CompileError
 from ..target.isa import isa_of
-from ..tir.dtype import bits_of, dl_code, is_bool, is_float
+from ..tir.dtype import bits_of, dl_bits, dl_code, is_bool, is_float
 from ..tir.expr import BinaryOp, Call, Cast, IntImm, Load, Not, PrimExpr, Select, Var
 from ..tir.functor import collect_vars, loop_closure, post_order_visit
 from ..tir.intrin import SET_EXTENT, set_extent_targets
@@ -56,6 +57,8 @@ class HostC(CDialect):
         "bool": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
         "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
         "float16": "uint16_t", "bfloat16": "uint16_t", "float32": "float", "float64": "double",
+        # low-precision storage types: one byte each, only loaded, stored and reinterpreted
+        **{dt: "uint8_t" for dt in LOW_PRECISION_DTYPES},
     }
 
     def value_type(self, dtype: str) -> str:
@@ -143,7 +146,7 @@ class CCodeGen(CStylePrinter):
             shape = ", ".join(f"INT64_C({s})" for s in b.check_shape) or "0"
             w(f"  {{ static const int64_t shape_[] = {{{shape}}};")
             w(f"    if (kiln_check_tensor(\"{name}\", {i}, \"{b.name}\", type_codes, args, {b.ndim}, shape_, "
-              f"{dl_code(b.dtype)}, {bits_of(b.dtype)}) != 0) return -1; }}")
+              f"{dl_code(b.dtype)}, {dl_bits(b.dtype)}) != 0) return -1; }}")
         self._bind_dyn(f, name, w)
         set_extent_targets(f)  # checks every reported (param, dim) names a real one
         for i, b in enumerate(f.params):

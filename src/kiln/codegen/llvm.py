@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import llvmlite.ir as ir
 
 from ..runtime.errors import CompileError
-from ..tir.dtype import bits_of, dl_code, is_bool, is_float, is_integer, is_uint
+from ..tir.dtype import bits_of, dl_bits, dl_code, is_bool, is_float, is_integer, is_uint
 from ..tir.expr import (
     CHECKED_INDEX, BinaryOp, Call, Cast, FloatImm, IntImm, Load, Not, PrimExpr, ProducerLoad, Reduce, Select, Var,
 )
@@ -232,7 +232,7 @@ class LLVMCodeGen:
             shape = self._const_i64_array(buf.check_shape)
             rc = b.call(check, [fname, ir.Constant(I32, i), self._cstr(buf.name), tcodes, args,
                                 ir.Constant(I32, buf.ndim), shape, ir.Constant(I8, dl_code(buf.dtype)),
-                                ir.Constant(I8, bits_of(buf.dtype))])
+                                ir.Constant(I8, dl_bits(buf.dtype))])
             with b.if_then(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), likely=False):
                 b.ret(ir.Constant(I32, -1))
             t = b.load(b.gep(args, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), typ=PTR)

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+import numpy as np
+
 from ..ir import Graph
 from ..runtime.errors import InputError
 from ..transform.fuse import FusedGraph, fuse_ops
@@ -272,12 +274,17 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     with timer.stage("graph_codegen"):
         res = _graph_codegen(graph, lowered, originals, cdev, control)
     params_out: dict[str, Any] = dict(res.params)
-    if link_params and params_out:
+    # text has no byte layout to link into a library: string params stay in the params blob
+    linkable = {k: v for k, v in params_out.items() if np.asarray(v).dtype != object} if link_params else {}
+    if linkable:
         from .linked_params import linked_params_module
 
         with timer.stage("link_params"):
-            lib.import_module(linked_params_module(params_out, mod_name))
-        params_out = {}
+            lib.import_module(linked_params_module(linkable, mod_name))
+        params_out = {k: v for k, v in params_out.items() if k not in linkable}
+    layouts = getattr(mod, "value_layouts", None)
+    if layouts:  # sequence / optional inputs and outputs, flattened by the frontend (docs/sequences.md)
+        res.graph["kiln_values"] = layouts
     with timer.stage("factory"):
         factory = ExecutorFactoryModule(json.dumps(res.graph), lib, params_out, mod_name)
     timer.times["total"] = time.perf_counter() - t_all
@@ -287,7 +294,7 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     stats = BuildStats(
         num_ops=sum(1 for n in graph.nodes if n.op != "constant"),
         num_groups=len(fused.groups),
-        num_kernel_calls=sum(1 for c in lowered.calls if c.func_name != "__nop"),
+        num_kernel_calls=sum(1 for c in lowered.calls if c.func_name not in ("__nop", "__concat")),
         num_functions=len(funcs),
         memory_plan=res.memory_plan,
         timings=dict(timer.times),
@@ -315,6 +322,12 @@ def _graph_codegen(graph: Graph, lowered: LoweredModel, originals: Mapping[str, 
             attrs, extra = control[i]
             calls.append(KernelCall(c.func_name, list(c.args) + extra, c.outputs,
                                     c.group.nodes[0].name or "", d, attrs))
+        elif c.func_name == "__host":
+            from ..ir.ops.strings import host_attrs
+
+            node = c.group.nodes[0]
+            calls.append(KernelCall(c.func_name, c.args, c.outputs, node.name or "", d,
+                                    host_attrs(node.op, node.attrs)))
         else:
             calls.append(KernelCall(c.func_name, c.args, c.outputs, device=d))
     return generate_graph_json(graph, calls, originals)

@@ -45,7 +45,8 @@ class KernelCall:
     Attributes
     ----------
     func_name : str
-        Kernel symbol, or ``"__nop"`` for an aliasing reshape.
+        Kernel symbol, ``"__nop"`` for an aliasing reshape, or ``"__concat"`` for a
+        concatenation written in place (see :mod:`kiln.transform.inplace_concat`).
     args : list of Value
         Input values passed to the kernel (in placeholder order; inlined constants excluded).
     outputs : list of Value
@@ -229,7 +230,7 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
         return row_ptr[nid] + i
 
     plan_ops = [PlanOp(tuple(eid(a) for a in c.args), tuple(eid(o) for o in c.outputs),
-                       c.func_name == "__nop") for c in calls]
+                       c.func_name == "__nop", c.func_name == "__concat") for c in calls]
     fixed = [row_ptr[n] for n in arg_nodes]
     device_index = [1] * len(entry_bytes)
     for v in ventry:
@@ -250,6 +251,10 @@ def generate_graph_json(graph: Graph, calls: Sequence[KernelCall],
     }
     if hetero:
         gjson["attrs"]["device_index"] = ["list_int", device_index]
+    if any(plan.storage_offsets):
+        # Only graphs with concatenations written in place carry it (older readers refuse
+        # '__concat' anyway); other graphs stay byte-identical.
+        gjson["attrs"]["storage_offset"] = ["list_int", plan.storage_offsets]
     if any(isinstance(d, str) for dims in sym_shape for d in dims):
         # Only graphs with dynamic dimensions carry these: static graphs stay byte-identical.
         gjson["attrs"]["sym_shape"] = ["list_sym_shape", sym_shape]
@@ -276,7 +281,7 @@ def _insert_copies(graph: Graph, calls: Sequence[KernelCall]) -> tuple[list[Kern
     out: list[KernelCall] = []
     copies: dict[tuple[Value, int], Value] = {}
     for c in calls:
-        if c.func_name == "__nop":
+        if c.func_name in ("__nop", "__concat"):  # no work, memory of their inputs' device
             src = c.args[0]
             dev = vdev.setdefault(src, c.device)
             out.append(KernelCall(c.func_name, list(c.args), list(c.outputs), c.node_name, dev, c.attrs))

@@ -24,9 +24,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..ir import Value
+from ..ir import Node, Value
 from ..runtime.errors import KilnError
 from ..transform.fuse import FusedGraph, FusedGroup
+from ..transform.inplace_concat import inplace_concat_groups
 
 __all__ = ["INLINE_MAX_ELEMENTS", "LoweredCall", "LoweredModel", "lower_fused_graph",
            "is_inlinable_constant", "group_key"]
@@ -107,17 +108,22 @@ def _freeze(x: Any) -> Any:
     return x
 
 
-def group_key(group: FusedGroup, args: Sequence[Value], inlined: Sequence[Value]) -> tuple:
-    """Structural key of a group: equal keys lower to the same kernel."""
+def group_key(group: FusedGroup, args: Sequence[Value], inlined: Sequence[Value],
+              shape_of: Callable[[Value], tuple[int, ...]] | None = None) -> tuple:
+    """Structural key of a group: equal keys lower to the same kernel.
+
+    ``shape_of`` (default: the values' shapes) lets a caller leave a dim out of the key.
+    """
+    shp = shape_of or (lambda v: v.shape)
     tok: dict[Value, Any] = {}
     for k, v in enumerate(args):
-        tok[v] = ("arg", k, v.dtype, v.shape, v.type.sym)
+        tok[v] = ("arg", k, v.dtype, shp(v), v.type.sym)
     for v in inlined:
-        tok[v] = ("const", v.dtype, v.shape, np.ascontiguousarray(v.const_value).tobytes())
+        tok[v] = ("const", v.dtype, shp(v), np.ascontiguousarray(v.const_value).tobytes())
     parts: list[Any] = []
     for j, n in enumerate(group.nodes):
         parts.append((n.op, _freeze(n.attrs), tuple(tok[v] for v in n.inputs),
-                      tuple((o.dtype, o.shape, o.type.sym) for o in n.outputs)))
+                      tuple((o.dtype, shp(o), o.type.sym) for o in n.outputs)))
         for i, o in enumerate(n.outputs):
             tok[o] = ("node", j, i)
     anchor = group.nodes.index(group.anchor) if group.anchor in group.nodes else -1
@@ -199,6 +205,76 @@ class _DimVars:
         return tuple(out)
 
 
+#: Name of the runtime extent of a shape-generic kernel's varying axis.
+_GENERIC_DIM = "extent"
+
+
+def _generic_axis(group: FusedGroup, inlined: Sequence[Value]) -> tuple[int, int] | None:
+    """``(axis, extent)`` when ``group`` can be lowered as a shape-generic kernel, else None.
+
+    Such a group is elementwise / broadcast ops only, static, one rank throughout, and every
+    value is 1 on the axes before the output's first non-unit axis and either the output's
+    extent or 1 on it. Its kernel then works for any extent of that axis with no change of
+    strides (the axes before it are 1), so groups that differ only there (DenseNet's
+    BatchNorm + ReLU before each layer, one per channel count) can share one kernel that reads
+    the extent from its arguments, as a dynamic-shape kernel does.
+    """
+    from ..ir.op import OpPattern, get_op
+
+    if group.is_nop or any(get_op(n.op).pattern > OpPattern.BROADCAST for n in group.nodes):
+        return None
+    out = group.outputs[0]
+    vals = list(group.inputs) + [o for n in group.nodes for o in n.outputs]
+    rank = len(out.shape)
+    ax = next((i for i, d in enumerate(out.shape) if d != 1), None)
+    if ax is None or any(len(v.shape) != rank or v.type.sym is not None for v in vals):
+        return None
+    ext = out.shape[ax]
+    if any(any(d != 1 for d in v.shape[:ax]) or v.shape[ax] not in (1, ext) for v in vals):
+        return None
+    if any(v.shape[ax] != 1 for v in inlined):  # a literal table cannot change its length
+        return None
+    return ax, ext
+
+
+def _lower_generic(group: FusedGroup, name: str, args: Sequence[Value], inlined: Sequence[Value],
+                   axis: int, extent: int, upper: int, target: Any) -> Any:
+    """Lower ``group`` with its ``axis`` extent as a runtime value in ``1..upper``.
+
+    The group is rebuilt in a graph of its own whose inputs carry the symbolic dim, so shape
+    inference gives every value its symbolic type and the dynamic-shape lowering does the rest.
+    """
+    from ..ir import Graph
+
+    twin = Graph(f"{name}_generic")
+    twin.declare_dim(_GENERIC_DIM, 1, upper)
+    vmap: dict[Value, Value] = {}
+    for k, v in enumerate(args):
+        dims: list[Any] = list(v.shape)
+        if dims[axis] == extent:
+            dims[axis] = _GENERIC_DIM
+        vmap[v] = twin.add_input(f"p{k}", tuple(dims), v.dtype)
+    for v in inlined:
+        vmap[v] = twin.add_constant(v.const_value)
+    nodes: list[Node] = []
+    for n in group.nodes:
+        outs = twin.add_node(n.op, [vmap[v] for v in n.inputs], dict(n.attrs))
+        for o, t in zip(n.outputs, outs):
+            vmap[o] = t
+        node = outs[0].node
+        assert node is not None  # add_node's outputs are its node's
+        nodes.append(node)
+    for o in group.outputs:
+        t = vmap[o]
+        want = tuple(upper if k == axis and d == extent else d for k, d in enumerate(o.shape))
+        if t.shape != want or t.dtype != o.dtype:
+            raise KilnError(f"{name}: the shape-generic form of {o.type} came out as {t.type}")
+    anchor = nodes[group.nodes.index(group.anchor)] if group.anchor in group.nodes else None
+    twin_group = FusedGroup(nodes, [vmap[v] for v in group.inputs], [vmap[o] for o in group.outputs], anchor,
+                            group.pattern)
+    return _lower_group(twin_group, name, [vmap[v] for v in args], [vmap[v] for v in inlined], target)
+
+
 def _check_nop_layout(group: FusedGroup) -> None:
     """An aliasing reshape of a dynamic tensor is only valid where the padded layouts agree.
 
@@ -235,6 +311,13 @@ def _control_func(group: FusedGroup) -> str | None:
     return CONTROL_OPS.get(group.nodes[0].op)
 
 
+def _host_ops() -> dict[str, str]:
+    """IR ops the executor runs as ``__host`` nodes (string ops)."""
+    from ..ir.ops.strings import HOST_OPS
+
+    return HOST_OPS
+
+
 def _prim_kernel(group: FusedGroup) -> Any:
     """The loop-IR kernel of a single-op group whose op has one (else None)."""
     from .. import topi
@@ -264,6 +347,30 @@ def _lower_prim(group: FusedGroup, fn: Any, name: str, args: Sequence[Value], ta
         raise
     except Exception as exc:
         raise KilnError(f"{name}: loop-IR kernel of {node.op} node {node.name!r} failed: {exc}") from exc
+
+
+def _check_no_strings(group: FusedGroup) -> None:
+    """Refuse a kernel (or in-place concat) on string tensors: only host ops and aliases read text.
+
+    A string entry is a host object array, not bytes of its storage: a kernel would read
+    nothing and write nowhere (docs/strings.md).
+    """
+    from ..ir.ops.control import CONTROL_OPS
+    from ..runtime.errors import UnsupportedOpError
+
+    if len(group.nodes) == 1 and (group.nodes[0].op in _host_ops() or group.nodes[0].op in CONTROL_OPS):
+        return
+    for n in group.nodes:
+        if any(v.dtype == "string" for v in list(n.inputs) + list(n.outputs)):
+            raise UnsupportedOpError(
+                f"{n.op} node {n.name!r} on string tensors: Kiln runs string tensors through its string "
+                f"host ops and reshapes only ({', '.join(sorted(_host_ops()))}; docs/strings.md)")
+
+
+def _on_cpu(target: Any) -> bool:
+    from ..target import Target
+
+    return (target if isinstance(target, Target) else Target(target)).kind.device_type == 1
 
 
 def _kernel_target(target: Any) -> Any:
@@ -336,9 +443,39 @@ def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: S
     return tir.lower(sched, placeholders + outs, name=name)
 
 
+def _shape_generic_groups(fused: FusedGraph, skip: set[int],
+                          inline_limit: int) -> dict[int, tuple[int, int, tuple, int]]:
+    """Groups to lower as shape-generic kernels: ``index -> (axis, extent, key, upper bound)``.
+
+    Only groups whose key (the axis's extent left out) is shared by groups of at least two
+    different extents: a kernel nobody else would call stays specialised to its shape.
+    """
+    if fused.graph.dim_ranges:
+        return {}
+    found: dict[int, tuple[int, int, tuple]] = {}
+    extents: dict[tuple, set[int]] = {}
+    for gi, g in enumerate(fused.groups):
+        if gi in skip or g.is_nop or _control_func(g) is not None or _prim_kernel(g) is not None:
+            continue
+        inlined = [v for v in g.inputs if is_inlinable_constant(v, inline_limit)]
+        ga = _generic_axis(g, inlined)
+        if ga is None:
+            continue
+        ax, ext = ga
+
+        def shape_of(v: Value, ax: int = ax, ext: int = ext) -> tuple[int, ...]:
+            return tuple(-1 if k == ax and d == ext else d for k, d in enumerate(v.shape))
+
+        key = (ax, group_key(g, [v for v in g.inputs if v not in inlined], inlined, shape_of))
+        found[gi] = (ax, ext, key)
+        extents.setdefault(key, set()).add(ext)
+    return {gi: (ax, ext, key, max(extents[key])) for gi, (ax, ext, key) in found.items() if len(extents[key]) > 1}
+
+
 def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
                       inline_limit: int = INLINE_MAX_ELEMENTS,
-                      on_kernel: Callable[[int, int, str], None] | None = None) -> LoweredModel:
+                      on_kernel: Callable[[int, int, str], None] | None = None,
+                      inplace_concat: bool = True) -> LoweredModel:
     """Lower every group of ``fused`` for ``target``.
 
     Parameters
@@ -353,6 +490,10 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
     on_kernel : callable, optional
         ``on_kernel(i, n, func_name)`` after each group is lowered (``i`` of ``n`` groups);
         drives progress displays.
+    inplace_concat : bool
+        Write concatenations in place where :mod:`kiln.transform.inplace_concat` allows it
+        (CPU targets only): such a group becomes a ``__concat`` call with no kernel. Only
+        for a graph lowered whole (not one device's share of it).
 
     Returns
     -------
@@ -363,10 +504,18 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
     funcs: list[Any] = []
     by_key: dict[tuple, str] = {}
     used: set[str] = set()
+    on_cpu = _on_cpu(target)
+    in_place = inplace_concat_groups(fused) if inplace_concat and on_cpu else set()
+    generic = _shape_generic_groups(fused, in_place, inline_limit) if on_cpu else {}
     for gi, g in enumerate(fused.groups):
         if g.is_nop:
             _check_nop_layout(g)
             calls.append(LoweredCall(g, "__nop", list(g.inputs), list(g.outputs)))
+            continue
+        _check_no_strings(g)
+        if gi in in_place:
+            # its inputs are written straight into its output: nothing to run
+            calls.append(LoweredCall(g, "__concat", list(g.nodes[0].inputs), list(g.outputs)))
             continue
         control = _control_func(g)
         if control is not None:
@@ -374,11 +523,18 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
             # driver compiles its subgraphs (kiln.driver.build)
             calls.append(LoweredCall(g, control, list(g.nodes[0].inputs), list(g.outputs)))
             continue
+        if len(g.nodes) == 1 and g.nodes[0].op in _host_ops():
+            # string ops: a Python function of the runtime (kiln.runtime.strings), no kernel
+            calls.append(LoweredCall(g, "__host", list(g.nodes[0].inputs), list(g.outputs)))
+            continue
         prim = _prim_kernel(g)
-        # a loop-IR kernel takes every input as an argument (no compute to inline into)
+        # a loop-IR kernel takes every input as an argument (no compute to inline into), one per
+        # input of its node: a value read twice (Compress(b, b), equal constants merged by CSE)
+        # is passed twice, as the kernel unpacks its arguments by position
         inlined = [] if prim else [v for v in g.inputs if is_inlinable_constant(v, inline_limit)]
-        args = [v for v in g.inputs if v not in inlined]
-        key = group_key(g, args, inlined)
+        args = list(g.nodes[0].inputs) if prim else [v for v in g.inputs if v not in inlined]
+        gen = generic.get(gi)
+        key = group_key(g, args, inlined) if gen is None else ("generic", gen[2], gen[3])
         name = by_key.get(key)
         if name is None:
             base = _func_name(mod_name, g)
@@ -390,6 +546,8 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
             by_key[key] = name
             if prim is not None:
                 funcs.append(_lower_prim(g, prim, name, args, target))
+            elif gen is not None:
+                funcs.append(_lower_generic(g, name, args, inlined, gen[0], gen[1], gen[3], target))
             else:
                 funcs.append(_lower_group(g, name, args, inlined, target))
         calls.append(LoweredCall(g, name, args, list(g.outputs), key))

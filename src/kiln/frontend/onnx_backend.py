@@ -53,6 +53,9 @@ _SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
     "NonMaxSuppression": (2, 3, 4), "RandomNormalLike": (), "Bernoulli": (),
     # Loops are unrolled at import: the trip count and condition decide the graph.
     "Loop": (0, 1),
+    # A sequence's structure is fixed at compile time (docs/sequences.md): positions and split
+    # sizes decide it.
+    "SplitToSequence": (1,), "SequenceAt": (1,), "SequenceInsert": (2,), "SequenceErase": (1,),
 }
 # Ops whose outputs depend on the operands' shapes only, never on their values.
 _SHAPE_ONLY = {"Shape", "Size"}
@@ -126,11 +129,12 @@ class KilnBackendRep(BackendRep):
         self.freeze_names = list(dict.fromkeys(
             [n for n in shape_inputs(model) if n in self.input_names] + list(freeze)))
         self._cache: dict[tuple, _Compiled] = {}
+        self._refrozen: list[str] = []  # inputs a retry had to freeze (their values key the cache)
         self.compile_count = 0  # how many times the model was compiled (tests/introspection)
         self.last_frozen: list[str] = []  # inputs frozen in the module the last run used
 
     # -- inputs --------------------------------------------------------------------------
-    def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
+    def _feeds(self, inputs: Any) -> dict[str, Any]:
         if isinstance(inputs, Mapping):
             items = dict(inputs)
             unknown = set(items) - set(self.all_input_names)
@@ -149,14 +153,18 @@ class KilnBackendRep(BackendRep):
                 raise ValueError(f"the model takes {len(self.input_names)} input(s) "
                                  f"{self.input_names}, got {len(inputs)}")
             items = dict(zip(names, inputs))
-        feeds: dict[str, np.ndarray] = {}
+        feeds: dict[str, Any] = {}  # arrays; lists of arrays (sequences); None (absent optionals)
         for name, value in items.items():
             if isinstance(value, onnx.TensorProto):
                 value = numpy_helper.to_array(value)
-            if value is None or isinstance(value, (list, tuple, dict)):
+            if isinstance(value, dict):
                 raise NotImplementedError(
-                    f"input {name!r}: Kiln's ONNX backend takes tensors only, got "
-                    f"{type(value).__name__} (sequence/map/optional types are not supported)")
+                    f"input {name!r}: Kiln's ONNX backend takes tensors, sequences (lists) and "
+                    f"optionals (None) only, got a map")
+            if value is None or isinstance(value, (list, tuple)):
+                # a sequence (list) / an absent optional (None): see _seq_feed
+                feeds[name] = _seq_feed(name, value)
+                continue
             feeds[name] = np.asarray(value)
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
@@ -168,8 +176,11 @@ class KilnBackendRep(BackendRep):
         parts = []
         for name in sorted(feeds):
             a = feeds[name]
+            if not isinstance(a, np.ndarray):  # a sequence's structure / an absent optional
+                parts.append((name, _seq_key(a, name in freeze)))
+                continue
             if name in freeze:
-                digest = hashlib.sha1(_c_contiguous(a).tobytes()).hexdigest()
+                digest = hashlib.sha1(_value_bytes(a)).hexdigest()
                 parts.append((name, a.shape, str(a.dtype), digest))
             else:
                 parts.append((name, a.shape, str(a.dtype)))
@@ -179,10 +190,12 @@ class KilnBackendRep(BackendRep):
         import kiln
         from kiln.frontend import from_onnx
 
-        frozen = {n: feeds[n] for n in freeze}
+        # an absent optional is compiled in as "nothing" (its structure, like a sequence's
+        # length, is fixed at compile time)
+        frozen = {n: feeds[n] for n in feeds if n in freeze or feeds[n] is None}
         runtime = [n for n in feeds if n not in frozen]
-        shape = {n: tuple(feeds[n].shape) for n in runtime}
-        dtype = {n: str(feeds[n].dtype) for n in runtime}
+        shape: dict[str, Any] = {n: _seq_shape(feeds[n]) for n in runtime}
+        dtype = {n: str(feeds[n].dtype) for n in runtime if isinstance(feeds[n], np.ndarray)}
         try:
             graph, params = from_onnx(self.model, shape=shape or None, dtype=dtype or None,
                                       freeze=frozen or None)
@@ -210,7 +223,7 @@ class KilnBackendRep(BackendRep):
         return _Compiled(module, runtime, frozen, num_outputs)
 
     def _compiled(self, feeds: dict[str, np.ndarray]) -> _Compiled:
-        freeze = [n for n in self.freeze_names if n in feeds]
+        freeze = [n for n in dict.fromkeys(self.freeze_names + self._refrozen) if n in feeds]
         key = self._key(feeds, freeze)
         hit = self._cache.get(key)
         if hit is not None:
@@ -221,18 +234,22 @@ class KilnBackendRep(BackendRep):
             # The frontend wants more constants than the static analysis found: retry once with
             # every non-floating-point input frozen (never float data: that would compile the
             # whole model away into constants).
-            more = [n for n in self.input_names
-                    if n in feeds and n not in freeze and not _is_float(feeds[n])]
+            more = [n for n in self.input_names if n in feeds and n not in freeze
+                    and isinstance(feeds[n], np.ndarray) and not _is_float(feeds[n])]
             if not more or not _wants_constant(first):
                 raise
             freeze = freeze + more
             key = self._key(feeds, freeze)
+            # later runs must key on these inputs' values too (else another value would hit
+            # a module compiled for this one); freeze_names keeps only the static analysis'
+            self._refrozen = list(dict.fromkeys(self._refrozen + more))
             try:
                 compiled = self._build(feeds, freeze)
             except Exception:  # noqa: BLE001 - the first attempt's error is the one to report
                 raise first from None
         self._cache[key] = compiled
-        self._cache[self._key(feeds, [n for n in self.freeze_names if n in feeds])] = compiled
+        self._cache[self._key(feeds, [n for n in dict.fromkeys(self.freeze_names + self._refrozen)
+                                      if n in feeds])] = compiled
         return compiled
 
     # -- run -----------------------------------------------------------------------------
@@ -243,13 +260,60 @@ class KilnBackendRep(BackendRep):
         try:
             m = compiled.module
             for name in compiled.runtime_inputs:
-                m.set_input(name, _c_contiguous(feeds[name]))
+                v = feeds[name]
+                m.set_input(name, [_c_contiguous(a) for a in v] if isinstance(v, list) else _c_contiguous(v))
             m.run()
-            outputs = [m.get_output(i).numpy() for i in range(compiled.num_outputs)]
+            outputs = [_to_numpy(m.get_output(i)) for i in range(compiled.num_outputs)]
         except Exception as e:
             _annotate(e, "run")
             raise
         return namedtupledict("Outputs", self.output_names)(*outputs)
+
+
+def _seq_feed(name: str, value: Any) -> list[np.ndarray] | None:
+    """A sequence feed as a list of arrays (``None``: an absent optional)."""
+    if value is None:
+        return None
+    out = []
+    for k, v in enumerate(value):
+        if isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v)
+        if v is None or isinstance(v, (list, tuple, dict)):
+            raise NotImplementedError(f"input {name!r}: element {k} is a {type(v).__name__}; Kiln "
+                                      f"takes sequences of tensors only")
+        out.append(np.asarray(v))
+    return out
+
+
+def _seq_key(v: list[np.ndarray] | None, frozen: bool) -> tuple:
+    """Cache key part of a sequence / absent optional: its structure (and values if frozen)."""
+    if v is None:
+        return ("none",)
+    parts = tuple((a.shape, str(a.dtype)) for a in v)
+    if frozen:
+        return ("seq", parts, hashlib.sha1(b"".join(_value_bytes(a) for a in v)).hexdigest())
+    return ("seq", parts)
+
+
+def _seq_shape(v: Any) -> Any:
+    """``from_onnx(shape=...)`` for a runtime feed: dims, or one dims per sequence element."""
+    return [tuple(a.shape) for a in v] if isinstance(v, list) else tuple(v.shape)
+
+
+def _to_numpy(v: Any) -> Any:
+    """An output as NumPy: a list for a sequence, None for an absent optional."""
+    if v is None:
+        return None
+    if isinstance(v, list):
+        return [x.numpy() for x in v]
+    return v.numpy()
+
+
+def _value_bytes(a: np.ndarray) -> bytes:
+    """The bytes that identify ``a``'s values (an object array's tobytes() would be pointers)."""
+    if a.dtype.kind in "OU":
+        return "\0".join(f"{len(str(s))}:{s}" for s in a.reshape(-1)).encode("utf-8", "surrogatepass")
+    return _c_contiguous(a).tobytes()
 
 
 def _c_contiguous(a: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..runtime import sym
 from ..runtime.errors import InputError, KilnError
 from .graph import Graph, Value
 from .op import get_op
@@ -74,8 +75,10 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any] | Sequence[Any] | None = No
     missing = [v.name for v in graph.inputs if v.name not in named]
     if missing:
         raise InputError(f"missing value for graph input(s) {missing}")
+    dims: dict[str, int] = {}  # symbol -> actual extent, read off the inputs (and data-dependent outputs)
     for v in graph.inputs:
         env[v] = _as_array(v.name, v, named[v.name])
+        _bind_dims(dims, v, env[v].shape)
     # Free intermediates after their last use to keep memory bounded on real models.
     last_use: dict[Value, int] = {}
     for i, node in enumerate(graph.nodes):
@@ -85,7 +88,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any] | Sequence[Any] | None = No
     for i, node in enumerate(graph.nodes):
         args = [env[v] for v in node.inputs]
         try:
-            outs = get_op(node.op).ref(args, node.attrs)
+            outs = get_op(node.op).ref(args, _actual_attrs(node.attrs, dims))
         except KilnError:
             raise
         except Exception as exc:  # an op reference failed: say which node
@@ -99,6 +102,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, Any] | Sequence[Any] | None = No
                 raise KilnError(f"{node.op} node {node.name!r}: reference produced shape "
                                 f"{arr.shape}, type says {v.shape}")
             env[v] = arr
+            _bind_dims(dims, v, arr.shape)
         for v in node.inputs:
             if last_use.get(v) == i and v not in keep and v.node is not None:
                 env.pop(v, None)
@@ -111,3 +115,32 @@ def _fits(shape: tuple[int, ...], t: Any) -> bool:
     if t.sym is None or len(shape) != t.ndim:
         return False
     return all(a == m if d is None else 0 <= a <= m for a, m, d in zip(shape, t.shape, t.sym))
+
+
+def _bind_dims(dims: dict[str, int], v: Value, shape: tuple[int, ...]) -> None:
+    """Record the actual extent of every plain symbol among ``v``'s dims."""
+    if v.type.sym is None:
+        return
+    for d, a in zip(v.type.sym, shape):
+        if isinstance(d, str) and d.isidentifier():
+            dims.setdefault(d, int(a))
+
+
+#: Attributes holding a static target shape (upper bounds) next to its symbolic form.
+_SHAPE_ATTRS = ("newshape", "shape")
+
+
+def _actual_attrs(attrs: Mapping[str, Any], dims: Mapping[str, int]) -> Mapping[str, Any]:
+    """``attrs`` with a reshape / broadcast target evaluated at the actual symbol values, so a
+    dynamic graph evaluated at a smaller input gets the smaller shape, not the upper bound."""
+    sym_shape = attrs.get("sym_shape")
+    if not sym_shape or not dims:
+        return attrs
+    key = next((k for k in _SHAPE_ATTRS if k in attrs), None)
+    if key is None:
+        return attrs
+    try:
+        actual = [d if isinstance(d, int) else sym.evaluate(d, dims) for d in sym_shape]
+    except Exception:  # noqa: BLE001 - a symbol not bound here: keep the static target
+        return attrs
+    return {**attrs, key: tuple(actual)}

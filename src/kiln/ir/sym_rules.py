@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..runtime import sym
-from ..runtime.errors import InputError, KilnError
+from ..runtime.errors import InputError, KilnError, UnsupportedOpError
 from ..runtime.sym import Dim
 from .types import TensorType
 
@@ -538,3 +538,13 @@ def _tensor_scatter(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) 
     if len(ts) > 2:
         _same_dim(ts[2].dims[0], cache.dims[0], "tensor_scatter: write_indices against the batch")
     return [cache.sym]
+
+
+# ---------------------------------------------------------------------- host (string) ops
+@sym_rule("string_concat", "string_equal", "regex_full_match", "string_normalizer", "label_encoder",
+          "cast_string")
+def _host_static_only(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
+    # the executor's host ops (kiln.runtime.strings) work on whole object arrays; they do not
+    # know the padded layout of a dynamic tensor
+    raise UnsupportedOpError("string ops need static shapes; their inputs have symbolic dims "
+                             + ", ".join(format_dims(t.dims) for t in ts))

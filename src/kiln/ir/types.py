@@ -19,14 +19,18 @@ from ..runtime import sym as _sym
 from ..runtime.errors import InputError
 from ..runtime.sym import Dim
 
-__all__ = ["TensorType", "Dim", "normalize_dtype", "np_dtype", "DTYPES", "FLOAT_DTYPES", "INT_DTYPES"]
+__all__ = ["TensorType", "Dim", "normalize_dtype", "np_dtype", "DTYPES", "FLOAT_DTYPES", "INT_DTYPES",
+           "LOW_PRECISION_DTYPES"]
 
 #: Every dtype the IR accepts: exactly those the runtime can store (its table is the only one).
 DTYPES: tuple[str, ...] = _rt.SUPPORTED
 #: Floating-point dtypes, bfloat16 included.
 FLOAT_DTYPES: frozenset[str] = _rt.FLOAT_DTYPES
-#: Signed and unsigned integer dtypes (not bool).
+#: Signed and unsigned integer dtypes (not bool, not the 4- and 2-bit ones).
 INT_DTYPES: frozenset[str] = _rt.SIGNED_DTYPES | _rt.UNSIGNED_DTYPES
+#: Low-precision storage types (float8 variants, float4_e2m1fn, int4, uint4, int2, uint2): values of
+#: these types are only converted (cast, QuantizeLinear, DequantizeLinear) and moved, never computed in.
+LOW_PRECISION_DTYPES: frozenset[str] = _rt.LOW_PRECISION_DTYPES
 
 
 def normalize_dtype(dtype: Any) -> str:

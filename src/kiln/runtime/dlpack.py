@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from ._ffi import DLManagedTensor, DLManagedTensorDeleter, DLTensor
 from .device import Device
-from .dtype import from_dl
+from .dtype import SUB_BYTE_DTYPES, from_dl
 from .errors import InputError
 
 __all__ = [
@@ -265,6 +265,10 @@ def consume(obj: Any) -> ForeignTensor:
     # Validate everything before renaming: on error the capsule stays unconsumed and its own
     # destructor releases the tensor.
     dtype = from_dl(t.dtype.code, t.dtype.bits, t.dtype.lanes)
+    if dtype in SUB_BYTE_DTYPES:
+        raise InputError(f"from_dlpack: {dtype} tensors are packed several elements to a byte in DLPack; Kiln "
+                         f"stores one element per byte and does not import packed ones (pass the values as an "
+                         f"ml_dtypes NumPy array instead)")
     ndim = int(t.ndim)
     shape = tuple(int(t.shape[i]) for i in range(ndim)) if ndim else ()
     if t.strides and ndim:

@@ -3,9 +3,19 @@
 Kiln names element types with short strings ("float32", "bfloat16", "bool", ...); those are
 the names graph JSON, params files and error messages use. This module is the single table
 that maps them to DLPack type codes and to NumPy dtypes; the compiler's dtype helpers
-(:mod:`kiln.ir.types`, :mod:`kiln.tir.dtype`) and the CLI derive theirs from it. ``bfloat16`` comes from
-``ml_dtypes``, which is imported only when a NumPy dtype for it is actually needed so that
-``kiln.runtime`` stays importable with NumPy alone.
+(:mod:`kiln.ir.types`, :mod:`kiln.tir.dtype`) and the CLI derive theirs from it. ``bfloat16`` and
+the low-precision types (:data:`LOW_PRECISION_DTYPES`) come from ``ml_dtypes``, which is imported
+only when a NumPy dtype for one of them is actually needed so that ``kiln.runtime`` stays
+importable with NumPy alone.
+
+Low-precision types (ONNX FLOAT8*, FLOAT4E2M1, INT4, UINT4, INT2, UINT2) are *storage* types:
+Kiln holds **one element per byte**, exactly as ``ml_dtypes`` does (the value's bits in the low
+bits of the byte, the high bits zero: int4 -1 is the byte 0x0F), never packed two or four per
+byte as ONNX initializers and DLPack sub-byte tensors are. Their ``DLDataType`` is the DLPack
+one (float8: codes 10-14 with 8 bits; float4_e2m1fn: code 17 with 4 bits; int4/int2: kDLInt
+with 4/2 bits), so :func:`to_dl` bits may be smaller than the storage bits of :func:`bits`;
+:func:`itemsize` is always whole bytes. Kernels only load, store and convert them (Cast,
+QuantizeLinear, DequantizeLinear, data movement): they are in none of the arithmetic sets.
 """
 
 from __future__ import annotations
@@ -31,6 +41,10 @@ __all__ = [
     "FLOAT_DTYPES",
     "SIGNED_DTYPES",
     "UNSIGNED_DTYPES",
+    "LOW_PRECISION_DTYPES",
+    "SUB_BYTE_DTYPES",
+    "dl_bits",
+    "STRING",
 ]
 
 
@@ -44,9 +58,16 @@ class DLDataTypeCode:
     BFLOAT = 4
     COMPLEX = 5
     BOOL = 6
+    FLOAT8_E4M3FN = 10
+    FLOAT8_E4M3FNUZ = 11
+    FLOAT8_E5M2 = 12
+    FLOAT8_E5M2FNUZ = 13
+    FLOAT8_E8M0FNU = 14
+    FLOAT4_E2M1FN = 17
 
 
-# name -> (code, bits); lanes are always 1 (vector dtypes are a kernel-internal concept).
+# name -> (code, bits) of the DLDataType; lanes are always 1 (vector dtypes are a kernel-internal
+# concept). Storage is whole bytes per element: see itemsize().
 _TABLE: dict[str, tuple[int, int]] = {
     "float16": (DLDataTypeCode.FLOAT, 16),
     "float32": (DLDataTypeCode.FLOAT, 32),
@@ -62,7 +83,26 @@ _TABLE: dict[str, tuple[int, int]] = {
     "uint64": (DLDataTypeCode.UINT, 64),
     # DLPack >= 0.8 spells bool as kDLBool with 8 bits (one byte per element, like NumPy).
     "bool": (DLDataTypeCode.BOOL, 8),
+    # Low-precision storage types (ml_dtypes names), one element per byte; see the module docstring.
+    "float8_e4m3fn": (DLDataTypeCode.FLOAT8_E4M3FN, 8),
+    "float8_e4m3fnuz": (DLDataTypeCode.FLOAT8_E4M3FNUZ, 8),
+    "float8_e5m2": (DLDataTypeCode.FLOAT8_E5M2, 8),
+    "float8_e5m2fnuz": (DLDataTypeCode.FLOAT8_E5M2FNUZ, 8),
+    "float8_e8m0fnu": (DLDataTypeCode.FLOAT8_E8M0FNU, 8),
+    "float4_e2m1fn": (DLDataTypeCode.FLOAT4_E2M1FN, 4),
+    "int4": (DLDataTypeCode.INT, 4),
+    "uint4": (DLDataTypeCode.UINT, 4),
+    "int2": (DLDataTypeCode.INT, 2),
+    "uint2": (DLDataTypeCode.UINT, 2),
+    # Variable-length UTF-8 text, held as a NumPy object array of ``str`` on the host only
+    # (kiln.runtime.strings, docs/strings.md). DLPack has no string type: the code is a
+    # placeholder for the executor's own DLTensor bookkeeping; NDArray.__dlpack__ refuses to
+    # export a string tensor and from_dl never returns "string".
+    "string": (DLDataTypeCode.OPAQUE_HANDLE, 64),
 }
+
+#: The dtype name of string tensors.
+STRING = "string"
 
 #: Every dtype name Kiln accepts, in a stable order (used in error messages).
 SUPPORTED: tuple[str, ...] = tuple(_TABLE)
@@ -71,12 +111,24 @@ SUPPORTED: tuple[str, ...] = tuple(_TABLE)
 FLOAT_DTYPES: frozenset[str] = frozenset(
     k for k, (code, _) in _TABLE.items() if code in (DLDataTypeCode.FLOAT, DLDataTypeCode.BFLOAT)
 )
-#: Signed integer dtypes.
-SIGNED_DTYPES: frozenset[str] = frozenset(k for k, (code, _) in _TABLE.items() if code == DLDataTypeCode.INT)
-#: Unsigned integer dtypes (bool is not one of them).
-UNSIGNED_DTYPES: frozenset[str] = frozenset(k for k, (code, _) in _TABLE.items() if code == DLDataTypeCode.UINT)
+#: Low-precision storage types (from ``ml_dtypes``): float8 variants, float4_e2m1fn, int4, uint4,
+#: int2, uint2. Kernels convert them (kiln.topi.lowp_cast) but never compute in them.
+LOW_PRECISION_DTYPES: frozenset[str] = frozenset({
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn",
+    "int4", "uint4", "int2", "uint2",
+})
+#: Low-precision types narrower than a byte (DLPack bits < 8; Kiln still stores one per byte).
+SUB_BYTE_DTYPES: frozenset[str] = frozenset(k for k, (_, b) in _TABLE.items() if b < 8)
+#: Signed integer dtypes (int4 / int2 are low-precision storage types, not among them).
+SIGNED_DTYPES: frozenset[str] = frozenset(
+    k for k, (code, _) in _TABLE.items() if code == DLDataTypeCode.INT and k not in LOW_PRECISION_DTYPES
+)
+#: Unsigned integer dtypes (bool, uint4 and uint2 are not among them).
+UNSIGNED_DTYPES: frozenset[str] = frozenset(
+    k for k, (code, _) in _TABLE.items() if code == DLDataTypeCode.UINT and k not in LOW_PRECISION_DTYPES
+)
 
-_REVERSE: dict[tuple[int, int], str] = {v: k for k, v in _TABLE.items()}
+_REVERSE: dict[tuple[int, int], str] = {v: k for k, v in _TABLE.items() if k != STRING}
 # TVM writes bool as (kDLUInt, 1 bit) yet stores one byte per element; accept it on input so
 # params files and DLPack tensors produced by TVM load as bool.
 _REVERSE[(DLDataTypeCode.UINT, 1)] = "bool"
@@ -93,11 +145,13 @@ def _canonical_cached(dtype: Any) -> str:
     if dtype is None:  # np.dtype(None) would silently mean float64
         raise _unsupported(dtype)
     try:
-        # NumPy understands aliases ("f4", "float", np.float32, np.dtype("int8"), ...) and, once
-        # ml_dtypes is imported, ml_dtypes.bfloat16.
+        # NumPy understands aliases ("f4", "float", np.float32, np.dtype("int8"), ...) and
+        # ml_dtypes' types (ml_dtypes.bfloat16, ml_dtypes.int4, ...).
         name = np.dtype(dtype).name
     except TypeError:
         raise _unsupported(dtype) from None
+    if np.dtype(dtype).kind in "OU":  # NumPy holds text as object (str) or fixed-width unicode arrays
+        return STRING
     if name not in _TABLE:
         raise _unsupported(dtype)
     return name
@@ -110,7 +164,7 @@ def canonical(dtype: Any) -> str:
     ----------
     dtype : str, numpy.dtype, type or DLDataType
         For example ``"float32"``, ``np.float32``, ``np.dtype("int8")``, ``"f4"``,
-        ``ml_dtypes.bfloat16`` or a ``DLDataType`` instance.
+        ``ml_dtypes.bfloat16``, ``ml_dtypes.float8_e4m3fn`` or a ``DLDataType`` instance.
 
     Returns
     -------
@@ -158,7 +212,7 @@ def from_dl(code: int, bits: int, lanes: int = 1) -> str:
     Parameters
     ----------
     code : int
-        ``DLDataTypeCode`` (0 int, 1 uint, 2 float, 4 bfloat, 6 bool).
+        ``DLDataTypeCode`` (0 int, 1 uint, 2 float, 4 bfloat, 6 bool, 10-14 float8, 17 float4).
     bits : int
         Bits per lane.
     lanes : int, optional
@@ -185,12 +239,14 @@ def from_dl(code: int, bits: int, lanes: int = 1) -> str:
 
 @functools.cache
 def _np_dtype_of_name(name: str) -> np.dtype:
-    if name == "bfloat16":
+    if name == STRING:
+        return np.dtype(object)
+    if name == "bfloat16" or name in LOW_PRECISION_DTYPES:
         try:
-            import ml_dtypes  # imported lazily: only bfloat16 needs it
+            import ml_dtypes  # imported lazily: only bfloat16 and the low-precision types need it
         except ImportError:  # pragma: no cover - ml_dtypes is a declared dependency
-            raise InputError("dtype 'bfloat16' needs the 'ml_dtypes' package; pip install ml_dtypes") from None
-        return np.dtype(ml_dtypes.bfloat16)
+            raise InputError(f"dtype {name!r} needs the 'ml_dtypes' package; pip install ml_dtypes") from None
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 
@@ -205,7 +261,8 @@ def np_dtype(dtype: Any) -> np.dtype:
     Returns
     -------
     numpy.dtype
-        Native-byte-order NumPy dtype (``ml_dtypes.bfloat16`` for ``"bfloat16"``).
+        Native-byte-order NumPy dtype (``ml_dtypes.bfloat16`` for ``"bfloat16"``, the
+        ``ml_dtypes`` type of the same name for a low-precision dtype).
 
     Raises
     ------
@@ -216,15 +273,23 @@ def np_dtype(dtype: Any) -> np.dtype:
 
 
 def itemsize(dtype: Any) -> int:
-    """Bytes per element of a supported dtype (bool is one byte)."""
-    return _TABLE[canonical(dtype)][1] // 8
+    """Bytes per element of a supported dtype (bool is one byte; so are int4, float4_e2m1fn, int2, ...)."""
+    return (_TABLE[canonical(dtype)][1] + 7) // 8
 
 
 def bits(dtype: Any) -> int:
-    """Storage bits per element of a supported dtype (bool is stored in 8 bits, as in DLPack ≥ 0.8)."""
+    """Storage bits per element of a supported dtype (bool is stored in 8 bits, as in DLPack ≥ 0.8;
+    the sub-byte types too, one element per byte): ``8 * itemsize(dtype)``."""
+    return 8 * itemsize(dtype)
+
+
+def dl_bits(dtype: Any) -> int:
+    """The ``bits`` of the dtype's ``DLDataType`` (the element width: 4 for int4 and
+    float4_e2m1fn, 2 for int2; otherwise the same as :func:`bits`)."""
     return _TABLE[canonical(dtype)][1]
 
 
 def dl_code(dtype: Any) -> int:
-    """The ``DLDataTypeCode`` of a supported dtype (0 int, 1 uint, 2 float, 4 bfloat, 6 bool)."""
+    """The ``DLDataTypeCode`` of a supported dtype (0 int, 1 uint, 2 float, 4 bfloat, 6 bool, 10-14 float8,
+    17 float4)."""
     return _TABLE[canonical(dtype)][0]

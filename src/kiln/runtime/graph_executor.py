@@ -229,10 +229,10 @@ class GraphExecutor:
         sid_dev: dict[int, Any] = {}
         zeroed: set[int] = set()  # storages some entry may be read from before it is written
         for e in range(n):
-            if root[e] == e:
+            if root[e] == e and g.dltype[e] != _dtype.STRING:  # text lives in object arrays, not storage
                 sid = g.storage_id[e]
                 sid_dev[sid] = self.entry_device[e]
-                sizes[sid] = max(sizes.get(sid, 0), g.entry_bytes(e))
+                sizes[sid] = max(sizes.get(sid, 0), g.entry_offset(e) + g.entry_bytes(e))
                 if e not in prefilled:
                     zeroed.add(sid)
         self.storage: dict[int, Any] = {
@@ -242,8 +242,12 @@ class GraphExecutor:
         # arrays[e]: what the entry is bound to now (own view, user buffer, shared param).
         own: list[Any] = [None] * n
         for e in range(n):
-            if root[e] == e:
-                own[e] = self.storage[g.storage_id[e]]._create_view(g.shape[e], g.dltype[e])
+            if root[e] == e and g.dltype[e] == _dtype.STRING:
+                from .strings import empty_strings
+
+                own[e] = empty_strings(g.shape[e], self.entry_device[e])
+            elif root[e] == e:
+                own[e] = self.storage[g.storage_id[e]]._create_view(g.shape[e], g.dltype[e], g.entry_offset(e))
         for e in range(n):
             if root[e] != e:
                 own[e] = own[root[e]]._create_view(g.shape[e], g.dltype[e])
@@ -262,8 +266,8 @@ class GraphExecutor:
             in_eids = tuple(g.entry_id(s, i) for s, i, _ in node.inputs)
             out_eids = tuple(g.node_entries(nid))
             op = _Op(len(ops), nid, node.name, node.func_name, "", in_eids, out_eids, node.flatten_data)
-            if node.func_name == "__nop":
-                op.kind = "nop"
+            if node.func_name in ("__nop", "__concat"):
+                op.kind = "nop"  # no work: an alias, or a concatenation its inputs wrote in place
             elif node.func_name == "__copy":
                 op.kind = "copy"
             elif node.subgraphs:
@@ -271,6 +275,11 @@ class GraphExecutor:
 
                 op.kind = "control"  # __if / __loop: nested executors, run from Python
                 op.func = make_control_runner(self, nid, node, in_eids, out_eids)
+            elif node.func_name == "__host":
+                from .strings import make_host_runner
+
+                op.kind = "host"  # string ops and friends: a registered Python function
+                op.func = make_host_runner(self, nid, node, in_eids, out_eids)
             else:
                 try:
                     f = self.lib.get_function(node.func_name, query_imports=True)
@@ -419,8 +428,8 @@ class GraphExecutor:
 
             return copy
 
-        if op.kind == "control":
-            return op.func  # raises its own errors, naming the node and the branch
+        if op.kind in ("control", "host"):
+            return op.func  # raises its own errors, naming the node (and the branch)
 
         def call() -> None:
             try:
@@ -659,6 +668,8 @@ class GraphModule:
                 f"graph_executor.create(...), got {type(module).__name__}"
             )
         self.module: GraphExecutor = module
+        #: how sequence / optional inputs and outputs map onto tensors (None: tensors only)
+        self._values = _value_layouts(module)
 
     # ---- names / info ------------------------------------------------------------------------
     def _input_names(self) -> list[str]:
@@ -691,7 +702,9 @@ class GraphModule:
         return len(self._input_names())
 
     def get_num_outputs(self) -> int:
-        """Number of graph outputs (``heads``)."""
+        """Number of graph outputs (``heads``; a sequence / optional output counts once)."""
+        if self._values is not None:
+            return len(self._values.outputs)
         return len(self.module.output_eids)
 
     def get_input_index(self, name: str) -> int:
@@ -734,6 +747,11 @@ class GraphModule:
 
     def _copy_in(self, name: str, eid: int, value: Any, what: str = "input") -> None:
         ex = self.module
+        if ex.graph.dltype[eid] == _dtype.STRING:
+            from .strings import set_string_input
+
+            set_string_input(ex, name, eid, value, what)
+            return
         if ex.dyn is not None and ex.dyn.is_dynamic(eid):
             self._copy_in_dynamic(name, eid, value, what)
             return
@@ -822,11 +840,18 @@ class GraphModule:
             Unknown name (the message lists the valid names), index out of range, shape or
             dtype mismatch.
         """
-        if key is not None:
+        seqs = self._values.inputs if self._values is not None else {}
+        if key is not None and isinstance(key, str) and key in seqs:
+            from .sequences import set_structured  # a list / None for a sequence / optional input
+
+            set_structured(self, key, seqs[key], value)
+        elif key is not None:
             if value is None:
                 raise InputError(f"set_input({key!r}): no value given")
             name, eid = self._resolve_input(key)
             self._copy_in(name, eid, value)
+        for k in [k for k in params if k in seqs]:
+            self.set_input(k, params.pop(k))
         # Check every name first so a typo does not leave half the inputs set.
         resolved = [(self._resolve_input(k), v) for k, v in params.items()]
         for (name, eid), v in resolved:
@@ -893,6 +918,9 @@ class GraphModule:
     def _zero_copy_array(self, value: Any, name: str, eid: int, what: str) -> Any:
         nd = _ndarray_mod()
         ex = self.module
+        if ex.graph.dltype[eid] == _dtype.STRING:
+            raise InputError(f"zero-copy {what} {name}: string tensors are Python objects, not memory to bind; "
+                             "use set_input / get_output (they copy)")
         if ex.dyn is not None and ex.dyn.is_dynamic(eid):
             raise InputError(
                 f"zero-copy {what} {name}: it has dynamic dimensions {ex.dyn.dims(eid)}; zero-copy binding "
@@ -977,8 +1005,23 @@ class GraphModule:
             Output position in ``heads``.
         out : NDArray or numpy.ndarray, optional
             Destination with the output's shape and dtype.
+
+        A sequence output is returned as a list of NDArrays, an optional one as ``None`` or
+        its value (``docs/sequences.md``); ``out`` is for tensor outputs only.
         """
         ex = self.module
+        if self._values is not None and isinstance(index, (int, np.integer)):
+            if not 0 <= int(index) < len(self._values.outputs):
+                raise InputError(f"output index {index!r} is out of range: the graph has "
+                                 f"{len(self._values.outputs)} output(s)")
+            layout = self._values.outputs[int(index)]
+            if layout.kind != "tensor":
+                from .sequences import get_structured  # a list of NDArrays, or None
+
+                if out is not None:
+                    raise InputError(f"output {index} is a {layout.describe()}; out= is for tensor outputs")
+                return get_structured(self, layout)
+            index = int(layout.slot)
         if not isinstance(index, (int, np.integer)) or not 0 <= int(index) < len(ex.output_eids):
             raise InputError(f"output index {index!r} is out of range: the graph has {len(ex.output_eids)} output(s)")
         eid = ex.output_eids[int(index)]
@@ -1143,6 +1186,15 @@ class GraphModule:
             f"{len(self.module.params)} params, {self.get_num_outputs()} outputs, "
             f"devices={[str(d) for d in self.module.devices]}, entries={g.num_entries}>"
         )
+
+
+def _value_layouts(ex: GraphExecutor) -> Any:
+    """The graph's ``kiln_values`` layouts (:mod:`.sequences`), read once per executor."""
+    if "_value_layouts" not in ex.__dict__:
+        from .sequences import layouts_of
+
+        ex.__dict__["_value_layouts"] = layouts_of(ex.graph)
+    return ex.__dict__["_value_layouts"]
 
 
 def create(graph_json: str | Mapping[str, Any], lib: Any, *devices: Any) -> GraphModule:

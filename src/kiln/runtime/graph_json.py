@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: Function names the executor implements itself instead of looking them up in the library.
-RESERVED_FUNCS = ("__nop", "__copy", "__if", "__loop")
+RESERVED_FUNCS = ("__nop", "__copy", "__concat", "__if", "__loop", "__host")
 
 #: The control-flow functions and the node attributes holding their nested graphs.
 SUBGRAPH_ATTRS: dict[str, tuple[str, ...]] = {"__if": ("then_branch", "else_branch"), "__loop": ("body",)}
@@ -131,6 +131,10 @@ class Graph:
     alias_root : tuple of int
         ``alias_root[eid]`` is the entry whose memory ``eid`` uses: itself, or for a
         ``__nop`` output (transitively) its input. Only roots own storage.
+    storage_offset : tuple of int or None
+        Byte offset of every entry inside its storage (``attrs.storage_offset``), or None
+        when all are 0. Non-zero only for the inputs of a ``__concat`` (a concatenation
+        written in place: its inputs live back to back inside its output) and their aliases.
     sym_shape : tuple of tuple of (int or str), or None
         For a graph with dynamic dimensions (``attrs.sym_shape``): every entry's dims, a
         symbolic dim as a :mod:`kiln.runtime.sym` expression; ``shape`` then holds the upper
@@ -154,6 +158,11 @@ class Graph:
     sym_shape: tuple[tuple[int | str, ...], ...] | None = None
     dim_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     data_dims: frozenset[str] = frozenset()
+    storage_offset: tuple[int, ...] | None = None
+
+    def entry_offset(self, eid: int) -> int:
+        """Byte offset of entry ``eid`` inside its storage (0 unless placed by a ``__concat``)."""
+        return 0 if self.storage_offset is None else self.storage_offset[eid]
 
     @property
     def num_entries(self) -> int:
@@ -395,6 +404,8 @@ def _parse_node(nid: int, rn: Any, row_ptr: Sequence[int]) -> GraphNode:
         raise _fail(f"attrs.flatten_data must be '0' or '1', got {_show(attrs['flatten_data'])}", nid, name)
     if func_name == "__nop" and (len(inputs) < 1 or num_outputs != 1):
         raise _fail("'__nop' needs at least 1 input and exactly 1 output", nid, name)
+    if func_name == "__concat" and (len(inputs) < 1 or num_outputs != 1):
+        raise _fail("'__concat' needs at least 1 input and exactly 1 output", nid, name)
     if func_name == "__copy" and (len(inputs) != 1 or num_outputs != 1):
         raise _fail("'__copy' needs exactly 1 input and 1 output", nid, name)
     if func_name == "__if" and (len(inputs) < 1 or num_outputs < 1):
@@ -611,19 +622,83 @@ def _check_copies(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Se
             )
 
 
+def _concat_units(nodes: Sequence[GraphNode], row_ptr: Sequence[int], heads: Sequence[tuple[int, int, int]],
+                  shapes: Sequence[tuple[int, ...]], dltype: Sequence[str], storage_id: Sequence[int],
+                  offsets: Sequence[int], root: Sequence[int]) -> list[int]:
+    """Check every ``__concat`` and return ``unit[eid]``: the entry standing for the memory unit
+    ``eid`` belongs to (its alias root, or one entry per in-place concatenation and its inputs).
+
+    A ``__concat`` runs nothing: its inputs must already lie back to back, in order, inside its
+    output's bytes (same storage id, offsets adding up), be written by kernels (or be another
+    ``__concat``), share its dtype, and no graph output may be part of it (an output may be
+    bound to a user's buffer, which the pieces would not be written into).
+    """
+    parent = list(range(row_ptr[-1]))
+
+    def find(e: int) -> int:
+        while parent[e] != e:
+            parent[e] = parent[parent[e]]
+            e = parent[e]
+        return e
+
+    placed: set[int] = set()
+    for nid, node in enumerate(nodes):
+        if node.func_name != "__concat":
+            continue
+        out = row_ptr[nid]
+        pos = offsets[out]
+        seen: set[int] = set()
+        for j, (src, idx, _) in enumerate(node.inputs):
+            e = row_ptr[src] + idx
+            producer = nodes[src]
+            if not producer.is_op or (producer.func_name in RESERVED_FUNCS and producer.func_name != "__concat"):
+                what = "an input or param" if not producer.is_op else f"a {producer.func_name!r} node"
+                raise _fail(f"'__concat' input {j} (entry {e}) is written by {what}; the inputs of a concatenation "
+                            "written in place must be written by kernels", nid, node.name)
+            if e in seen or root[e] != e:
+                raise _fail(f"'__concat' input {j} (entry {e}) is listed twice or is an alias", nid, node.name)
+            seen.add(e)
+            if dltype[e] != dltype[out]:
+                raise _fail(f"'__concat' input {j} (entry {e}) is {dltype[e]}, its output {dltype[out]}",
+                            nid, node.name)
+            if storage_id[e] != storage_id[out] or offsets[e] != pos:
+                raise _fail(f"'__concat' input {j} (entry {e}) must lie at byte {pos} of storage {storage_id[out]} "
+                            f"(right after the inputs before it), attrs place it at byte {offsets[e]} of storage "
+                            f"{storage_id[e]}", nid, node.name)
+            pos += _nbytes(shapes[e], dltype[e])
+            parent[find(e)] = find(out)
+        if pos - offsets[out] != _nbytes(shapes[out], dltype[out]):
+            raise _fail(f"'__concat' inputs hold {pos - offsets[out]} bytes, its output "
+                        f"{_nbytes(shapes[out], dltype[out])}", nid, node.name)
+        placed.update(seen)
+        placed.add(out)
+    for e, r in enumerate(root):
+        if r != e and offsets[e] != offsets[r]:
+            raise _fail(f"attrs.storage_offset: entry {e} is an alias of entry {r} but has another byte offset "
+                        f"({offsets[e]} vs {offsets[r]})")
+    for src, idx, _ in heads:
+        if root[row_ptr[src] + idx] in placed:
+            raise _fail(f"graph output (node {src} output {idx}) is part of a concatenation written in place "
+                        "('__concat'); outputs need memory of their own")
+    return [find(r) for r in root]
+
+
 def _check_storage(nodes: Sequence[GraphNode], row_ptr: Sequence[int], heads: Sequence[tuple[int, int, int]],
                    shapes: Sequence[tuple[int, ...]], dltype: Sequence[str], storage_id: Sequence[int],
-                   device_index: Sequence[int] | None, root: Sequence[int], max_bytes: int) -> None:
+                   device_index: Sequence[int] | None, root: Sequence[int], max_bytes: int,
+                   offsets: Sequence[int]) -> None:
     """Check the memory plan: bounded in total, one device per storage, no live overlap.
 
-    Lifetimes are measured in node positions (nodes run in list order). The storage of an
-    alias group (a root and its ``__nop`` views) is live from the node that writes the root
-    to the last node that reads any member; a ``__nop``'s own read is not a use, as it does
+    Lifetimes are measured in node positions (nodes run in list order). The storage of a
+    unit (an alias group: a root and its ``__nop`` views; or an in-place concatenation with
+    its inputs) is live from the node that writes the first member to the last node that
+    reads any member; the reads of a ``__nop`` or ``__concat`` are not uses, as they do
     nothing at run time. Graph inputs and params are live for the whole run (from before the
     first node: ``-1``), because they are read again by later runs without a new
     ``set_input``; graph outputs are live from their producer to the end of the run. Two
-    groups may share a storage id only when one's last use comes strictly before the other
-    is written, so a kernel never writes memory it (or anyone after it) still reads.
+    units may share a storage id only when one's last use comes strictly before the other
+    is written, so a kernel never writes memory it (or anyone after it) still reads. Inside
+    one unit, the entries kernels write must not overlap.
     """
     num_entries = row_ptr[-1]
     end_of_run = len(nodes)
@@ -631,10 +706,22 @@ def _check_storage(nodes: Sequence[GraphNode], row_ptr: Sequence[int], heads: Se
     for nid in range(len(nodes)):
         for e in range(row_ptr[nid], row_ptr[nid + 1]):
             producer[e] = nid
-    first = {e: (-1 if not nodes[producer[e]].is_op else producer[e]) for e in set(root)}
+    first: dict[int, int] = {}
+    for e in range(num_entries):
+        w = -1 if not nodes[producer[e]].is_op else producer[e]
+        first[root[e]] = min(first.get(root[e], w), w)
     last = {r: (end_of_run if s < 0 else s) for r, s in first.items()}
+    pieces: dict[int, list[int]] = {}  # unit -> entries kernels write into it
+    for e in range(num_entries):
+        if root[e] != e and nodes[producer[e]].func_name not in ("__nop", "__concat"):
+            pieces.setdefault(root[e], []).append(e)
+    for r, es in pieces.items():
+        es = sorted(es + ([r] if nodes[producer[r]].func_name != "__concat" else []), key=lambda x: offsets[x])
+        for a, b in zip(es, es[1:]):
+            if offsets[a] + _nbytes(shapes[a], dltype[a]) > offsets[b]:
+                raise _fail(f"attrs.storage_offset: entries {a} and {b} overlap inside one concatenation's memory")
     for nid, node in enumerate(nodes):
-        if node.func_name == "__nop":
+        if node.func_name in ("__nop", "__concat"):
             continue
         for src, idx, _ in node.inputs:
             r = root[row_ptr[src] + idx]
@@ -644,6 +731,9 @@ def _check_storage(nodes: Sequence[GraphNode], row_ptr: Sequence[int], heads: Se
 
     by_sid: dict[int, list[int]] = {}
     sid_bytes: dict[int, int] = {}
+    for e in range(num_entries):
+        sid = storage_id[root[e]]
+        sid_bytes[sid] = max(sid_bytes.get(sid, 0), offsets[e] + _nbytes(shapes[e], dltype[e]))
     for r in sorted(first):
         sid = storage_id[r]
         if device_index is not None and by_sid.get(sid) and device_index[by_sid[sid][0]] != device_index[r]:
@@ -653,7 +743,6 @@ def _check_storage(nodes: Sequence[GraphNode], row_ptr: Sequence[int], heads: Se
                 f"devices (device_index {device_index[other]} and {device_index[r]})"
             )
         by_sid.setdefault(sid, []).append(r)
-        sid_bytes[sid] = max(sid_bytes.get(sid, 0), _nbytes(shapes[r], dltype[r]))
     total = sum(sid_bytes.values())
     if total > max_bytes:
         raise _fail(
@@ -766,7 +855,9 @@ def _load(graph: str | bytes | Mapping[str, Any], max_bytes: int, nesting: int) 
     shape = _typed_list(gattrs, "shape", "list_shape", True)
     storage_id = _typed_list(gattrs, "storage_id", "list_int", True)
     device_index = _typed_list(gattrs, "device_index", "list_int", False)
-    for key, lst in (("dltype", dltype), ("shape", shape), ("storage_id", storage_id), ("device_index", device_index)):
+    offsets = _typed_list(gattrs, "storage_offset", "list_int", False)
+    for key, lst in (("dltype", dltype), ("shape", shape), ("storage_id", storage_id), ("device_index", device_index),
+                     ("storage_offset", offsets)):
         if lst is not None and len(lst) != num_entries:
             raise _fail(
                 f"attrs.{key} has {len(lst)} items but the graph has node_row_ptr[-1] = {num_entries} entries"
@@ -780,6 +871,10 @@ def _load(graph: str | bytes | Mapping[str, Any], max_bytes: int, nesting: int) 
     for eid, sid in enumerate(storage_id):
         if not _is_int(sid) or sid < 0:
             raise _fail(f"attrs.storage_id[{eid}] = {_show(sid)}: storage ids must be non-negative integers")
+    if offsets is not None:
+        for eid, off in enumerate(offsets):
+            if not _is_int(off) or off < 0:
+                raise _fail(f"attrs.storage_offset[{eid}] = {_show(off)}: byte offsets must be non-negative integers")
     if device_index is not None:
         for eid, d in enumerate(device_index):
             if not _is_int(d) or d <= 0:
@@ -788,7 +883,13 @@ def _load(graph: str | bytes | Mapping[str, Any], max_bytes: int, nesting: int) 
     _parse_control(nodes, row_ptr, shapes, dltype, max_bytes, nesting)
     _check_copies(nodes, row_ptr, shapes, dltype)
     root = _alias_roots(nodes, row_ptr, shapes, dltype, device_index)
-    _check_storage(nodes, row_ptr, heads, shapes, dltype, storage_id, device_index, root, max_bytes)
+    offs = [0] * num_entries if offsets is None else [int(x) for x in offsets]
+    for nid, node in enumerate(nodes):
+        if node.func_name == "__concat" and (sym_shape is not None or (
+                device_index is not None and device_index[row_ptr[nid]] != 1)):
+            raise _fail("a concatenation written in place ('__concat') needs static shapes on the CPU", nid, node.name)
+    unit = _concat_units(nodes, row_ptr, heads, shapes, dltype, storage_id, offs, root)
+    _check_storage(nodes, row_ptr, heads, shapes, dltype, storage_id, device_index, unit, max_bytes, offs)
 
     return Graph(
         nodes=tuple(nodes),
@@ -804,4 +905,5 @@ def _load(graph: str | bytes | Mapping[str, Any], max_bytes: int, nesting: int) 
         sym_shape=sym_shape,
         dim_ranges=dim_ranges,
         data_dims=data_dims,
+        storage_offset=None if offsets is None else tuple(offs),
     )

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from . import _ffi, shared_crt
 from .errors import FormatError, KilnError, KilnFileNotFoundError
+from .model_api import API_FUNCTIONS
 from .module import Module, PackedFunction
 
 __all__ = ["LibraryModule", "CompiledOnDemand", "CRT_FUNCTIONS"]
@@ -27,11 +28,8 @@ __all__ = ["LibraryModule", "CompiledOnDemand", "CRT_FUNCTIONS"]
 #: (``kiln/kiln_model.h``) that every model library exports; they are services, not packed
 #: kernels, so ``get_function`` never hands them out (calling them packed would crash).
 CRT_FUNCTIONS: frozenset[str] = frozenset(
-    {"KilnRunSequence", "KilnGetLastError", "KilnSetNumThreads", "KilnGetNumThreads", "KilnABIVersion",
-     "KilnModelCreate", "KilnModelFree", "KilnModelNumInputs", "KilnModelNumOutputs", "KilnModelInputIndex",
-     "KilnModelGetInputInfo", "KilnModelGetOutputInfo", "KilnModelSetInput", "KilnModelSetInputByName",
-     "KilnModelSetInputTensor", "KilnModelRun", "KilnModelGetOutput", "KilnModelOutputData", "KilnModelAPIVersion"}
-)
+    {"KilnRunSequence", "KilnGetLastError", "KilnSetNumThreads", "KilnGetNumThreads", "KilnABIVersion"}
+) | API_FUNCTIONS
 
 # Symbols that are never packed functions even though ELF says FUNC.
 _NEVER_KERNELS = frozenset({"_init", "_fini"})

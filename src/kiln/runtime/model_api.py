@@ -10,10 +10,18 @@ implementation shared by every model is ``crt/kiln_model_api.c``; export compile
 library (``.so``, ``.a`` and ``.tar`` alike).
 
 The tables mirror what :class:`~kiln.runtime.graph_executor.GraphExecutor` builds at creation:
-one buffer per storage slot sized for its largest root entry, ``__nop`` outputs viewing their
+one buffer per storage slot sized for its largest root entry (entries at their byte offsets:
+the inputs of a ``__concat`` live inside its output), ``__nop`` outputs viewing their
 input's memory, ``__copy`` as a copy, ``flatten_data`` kernels given 1-D tensors. A graph the C
 API cannot run (entries placed on a device, a kernel not compiled into the library) still gets a
 ``KilnModelCreate``, which fails with the reason instead of the library failing to link.
+
+A graph with dynamic dimensions (``attrs.sym_shape``, ``docs/dynamic_shapes.md``) also gets what
+:class:`~kiln.runtime.dynamic_shapes.DynamicShapes` computes at load: its symbols (name, range,
+the input dim each is read from), every distinct symbolic dim as C ``int64_t`` arithmetic in one
+generated function of the symbol values (floor division as :mod:`.sym` floors), and for each
+dim of the shapes table the expression that gives it. ``crt/kiln_model_api.c`` binds the symbols
+from the inputs' shapes and writes the actual shapes into the entries' DLTensors before a run.
 
 Runtime layer: standard library only.
 """
@@ -22,23 +30,38 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Collection, Sequence
 
 from . import cpu_features as _cpu
 from . import dtype as _dtype
+from . import sym as _sym
 from .graph_json import Graph
 
 if TYPE_CHECKING:  # pragma: no cover
     from .module import Module
 
-__all__ = ["MODEL_FILE", "API_FILE", "API_VERSION", "model_api_source", "write_model_api", "api_source_path"]
+__all__ = ["MODEL_FILE", "API_FILE", "API_VERSION", "API_FUNCTIONS", "model_api_source", "write_model_api",
+           "api_source_path"]
 
 #: The generated tables (one per library).
 MODEL_FILE = "kiln_model.c"
 #: The fixed implementation, copied from the package.
 API_FILE = "kiln_model_api.c"
-#: ``KILN_MODEL_API_VERSION`` of ``kiln/kiln_model.h`` that these tables are written for.
-API_VERSION = 1
+#: ``KILN_MODEL_API_VERSION`` of ``kiln/kiln_model.h`` that these tables are written for
+#: (2: dynamic dimensions; the tables gained the symbol fields of ``KilnModelDesc``).
+API_VERSION = 2
+#: The functions ``kiln/kiln_model.h`` declares (every model library exports them; they are C
+#: services, not packed kernels).
+API_FUNCTIONS: frozenset[str] = frozenset({
+    "KilnModelCreate", "KilnModelFree", "KilnModelNumInputs", "KilnModelNumOutputs", "KilnModelInputIndex",
+    "KilnModelGetInputInfo", "KilnModelGetOutputInfo", "KilnModelSetInput", "KilnModelSetInputByName",
+    "KilnModelSetInputTensor", "KilnModelRun", "KilnModelGetOutput", "KilnModelOutputData", "KilnModelAPIVersion",
+    "KilnModelSetInputShaped", "KilnModelGetOutputShape", "KilnModelGetInputDims", "KilnModelGetOutputDims",
+    "KilnModelNumSymbols", "KilnModelGetSymbolInfo",
+})
+#: Dynamic inputs and outputs are copied into / out of their padded storage with a fixed-size
+#: stride array in C; no model comes near this.
+_MAX_DYNAMIC_NDIM = 32
 
 _C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: LLVM feature name -> the word /proc/cpuinfo uses for it (the C side matches cpuinfo words).
@@ -67,21 +90,31 @@ def _c_str(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def _unsupported_reason(g: Graph, defined: set[str] | None) -> str | None:
-    if g.sym_shape is not None:
-        dims = ", ".join(f"{n} in {lo}..{hi}" for n, (lo, hi) in sorted(g.dim_ranges.items()))
-        return (f"the graph has dynamic dimensions ({dims}); this version of the C API runs static graphs only "
-                "(use the Python runtime, or build with every dim pinned)")
+def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[str] = ()) -> str | None:
+    """Why the C API cannot run ``g`` (None: it can). ``params`` names the argument nodes that
+    are weights; the others are the inputs whose shapes give a dynamic graph's symbols."""
+    if g.data_dims:
+        dims = ", ".join(f"{n} in {lo}..{hi}" for n, (lo, hi) in sorted(g.dim_ranges.items()) if n in g.data_dims)
+        return (f"the graph has data-dependent dimensions ({dims}), whose values its kernels decide at run time "
+                "(NonZero, Unique, NonMaxSuppression, ...); this version of the C API runs dynamic graphs whose "
+                "every dimension the inputs' shapes give (use the Python runtime)")
     if g.device_index is not None:
         codes = sorted({c for c in g.device_index if c != 1})
         if codes:
             return (f"the graph places entries on device type(s) {codes}; the C API runs graphs whose every entry "
                     f"is on the CPU (device type 1)")
+    strings = [e for e, dt in enumerate(g.dltype) if dt == _dtype.STRING]
+    if strings:
+        return (f"graph entry {strings[0]} is a string tensor; the C API has no string type (string tensors and "
+                "the host ops on them run in the Python runtime only, docs/strings.md)")
+    if '"kiln_values"' in g.json_text:
+        return ("the graph has sequence / optional inputs or outputs (kiln_values, docs/sequences.md); the C API "
+                "has tensors only (use the Python runtime, whose GraphModule takes and returns lists)")
     for node in g.nodes:
         if node.is_op and node.func_name in ("__if", "__loop"):
             return (f"graph node {node.name!r} is runtime control flow ({node.func_name}); this version of the "
                     "C API runs graphs without it")
-        if not node.is_op or node.func_name in ("__nop", "__copy"):
+        if not node.is_op or node.func_name in ("__nop", "__copy", "__concat"):
             continue
         if not _C_IDENT.match(node.func_name):
             return f"graph node {node.name!r} calls {node.func_name!r}, which is not a C identifier"
@@ -93,7 +126,120 @@ def _unsupported_reason(g: Graph, defined: set[str] | None) -> str | None:
             _dtype.to_dl(dt)
         except Exception:  # noqa: BLE001 - any unsupported spelling makes the model unsupported, not the export
             return f"graph entry {e} has dtype {dt!r}, which the C API has no DLPack code for"
+    return _dynamic_reason(g, params) if g.sym_shape is not None else None
+
+
+def _dynamic_reason(g: Graph, params: Collection[str]) -> str | None:
+    # What DynamicShapes refuses at load, refused at export: a symbol no input dim gives. Plus
+    # what the C side needs: weights of fixed shape, inputs and outputs of a bounded rank.
+    assert g.sym_shape is not None
+    inputs = [(g.nodes[n].name, g.entry_id(n)) for n in g.arg_nodes if g.nodes[n].name not in params]
+    for nid in g.arg_nodes:
+        name, e = g.nodes[nid].name, g.entry_id(nid)
+        if name in params and any(isinstance(d, str) for d in g.sym_shape[e]):
+            return f"weight {name!r} has dynamic dimensions {_dims_text(g.sym_shape[e])}; weights have fixed shapes"
+    plain = {d for _, e in inputs for d in g.sym_shape[e] if isinstance(d, str) and d in g.dim_ranges}
+    unbound = [n for n in g.dim_ranges if n not in plain]
+    if unbound:
+        where = [f"{d!r} of input {n!r}" for n, e in inputs for d in dict.fromkeys(g.sym_shape[e])
+                 if isinstance(d, str) and _sym.symbols(d) & set(unbound)]
+        return (f"dynamic dimension(s) {unbound} are not a plain dimension of any input"
+                f"{' (only inside ' + ', '.join(where) + ')' if where else ''}, so no input shape can give their "
+                "value; give the model an input with that dim (or pin it)")
+    for e in [e for _, e in inputs] + [g.entry_id(nid, idx) for nid, idx, _ in g.heads]:
+        if len(g.shape[e]) > _MAX_DYNAMIC_NDIM and any(isinstance(d, str) for d in g.sym_shape[e]):
+            return (f"graph entry {e} has {len(g.shape[e])} dims; dynamic inputs and outputs have at most "
+                    f"{_MAX_DYNAMIC_NDIM}")
     return None
+
+
+def _dims_text(dims: Sequence[int | str]) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+class _CExpr:
+    """A C ``int64_t`` expression, built by :func:`kiln.runtime.sym.expand` with ``+ * //``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @staticmethod
+    def _c(v: object) -> str:
+        if isinstance(v, _CExpr):
+            return v.text
+        n = int(v)  # type: ignore[call-overload]
+        return str(n) if n >= 0 else f"({n})"
+
+    def __add__(self, other: object) -> "_CExpr":
+        if not isinstance(other, _CExpr) and int(other) < 0:  # type: ignore[call-overload]
+            return _CExpr(f"({self.text} - {-int(other)})")  # type: ignore[call-overload]
+        return _CExpr(f"({self.text} + {self._c(other)})")
+
+    def __radd__(self, other: object) -> "_CExpr":
+        return _CExpr(f"({self._c(other)} + {self.text})")
+
+    def __mul__(self, other: object) -> "_CExpr":
+        return _CExpr(f"({self.text} * {self._c(other)})")
+
+    def __rmul__(self, other: object) -> "_CExpr":
+        return _CExpr(f"({self._c(other)} * {self.text})")
+
+    def __floordiv__(self, other: object) -> "_CExpr":
+        # sym's "//" is floor division by a positive constant; C's "/" truncates
+        return _CExpr(f"KilnFloorDiv({self.text}, {self._c(other)})")
+
+
+def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: Sequence[int], p: str
+                    ) -> tuple[list[str], list[str]]:
+    """Lines of a dynamic graph's symbol tables and dim-expression function, and the
+    ``KilnModelDesc`` fields that name them (in the struct's order).
+
+    Every distinct symbolic dim of the graph is one expression; the first ``num_symbols`` are the
+    symbols themselves, in ``attrs.dim_ranges`` order. ``dim_expr`` has one row per dim of the
+    shapes table: -1 for a static dim, else the expression giving it.
+    """
+    assert g.sym_shape is not None
+    names = list(g.dim_ranges)
+    index = {n: j for j, n in enumerate(names)}
+    source: dict[str, tuple[int, int]] = {}
+    for i, (_, e) in enumerate(inputs):
+        for k, d in enumerate(g.sym_shape[e]):
+            if isinstance(d, str) and d in index and d not in source:
+                source[d] = (i, k)
+    exprs: dict[str, int] = {n: j for j, n in enumerate(names)}
+    dim_expr: list[int] = []
+    for e in range(g.num_entries):
+        assert len(dim_expr) == shape_offset[e]
+        for d in g.sym_shape[e]:
+            if isinstance(d, int):
+                dim_expr.append(-1)
+            else:
+                dim_expr.append(exprs.setdefault(d, len(exprs)))
+    env = {n: _CExpr(f"s[{j}]") for j, n in enumerate(names)}
+    body = [f"  v[{j}] = s[{j}];" for j in range(len(names))]
+    expr_rows = []
+    for text, j in exprs.items():
+        first = min(index[n] for n in _sym.symbols(text))
+        expr_rows.append(f"  {{{_c_str(text)}, {first}}},")
+        if j >= len(names):
+            c = _sym.expand(text, env)
+            body.append(f"  v[{j}] = {c.text if isinstance(c, _CExpr) else int(c)};")  # type: ignore[call-overload]
+    sym_rows = [f"  {{{_c_str(n)}, {lo}LL, {hi}LL, {source[n][0]}, {source[n][1]}}},"
+                for n, (lo, hi) in g.dim_ranges.items()]
+    per_line = 16
+    dim_rows = ["  " + ", ".join(str(v) for v in dim_expr[i:i + per_line]) + ","
+                for i in range(0, len(dim_expr), per_line)]
+    lines = [
+        "",
+        f"static const KilnSymbolDesc {p}symbols[] = {{", *sym_rows, "};",
+        f"static const KilnDimExprDesc {p}dim_exprs[] = {{", *expr_rows, "};",
+        f"static const int32_t {p}dim_expr[] = {{", *(dim_rows or ["  0"]), "};",
+        "",
+        f"/* The value of every symbolic dim (v[i], {p}dim_exprs[i]) from the symbols' values s[]. */",
+        f"static void {p}eval_dims(const int64_t* s, int64_t* v) {{", *body, "}",
+    ]
+    fields = [f"  {len(names)}, {p}symbols,", f"  {len(exprs)}, {p}dim_exprs, {p}eval_dims, {p}dim_expr,"]
+    return lines, fields
 
 
 def model_api_source(graph: Graph, params: Sequence[str], mod_name: str = "default",
@@ -184,8 +330,8 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
         Declarations of the symbols the tables use, and the tables' lines.
     """
     g = graph
-    why = _unsupported_reason(g, defined)
     param_set = set(params) | set(linked_params)
+    why = _unsupported_reason(g, defined, param_set)
     arg_names = [g.nodes[n].name for n in g.arg_nodes]
     inputs = [(n, g.entry_id(nid)) for nid, n in zip(g.arg_nodes, arg_names) if n not in param_set]
     weights = [(n, g.entry_id(nid)) for nid, n in zip(g.arg_nodes, arg_names) if n in param_set]
@@ -200,16 +346,18 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
             if sid not in slot_of:
                 slot_of[sid] = len(slot_bytes)
                 slot_bytes.append(0)
-            slot_bytes[slot_of[sid]] = max(slot_bytes[slot_of[sid]], g.entry_bytes(e))
+            slot_bytes[slot_of[sid]] = max(slot_bytes[slot_of[sid]], g.entry_offset(g.alias_root[e]) + g.entry_bytes(e))
 
     shapes: list[int] = []
+    shape_offset: list[int] = []
     entry_rows: list[str] = []
     for e in range(g.num_entries):
+        shape_offset.append(len(shapes))
         dl = _dtype.to_dl(g.dltype[e]) if why is None else None
         code, bits = (dl.code, dl.bits) if dl is not None else (0, 0)
         slot = slot_of[g.storage_id[g.alias_root[e]]]
         entry_rows.append(f"  {{{slot}, {len(g.shape[e])}, {len(shapes)}, {{{code}, {bits}, 1}}, "
-                          f"{g.entry_bytes(e)}ULL}},")
+                          f"{g.entry_bytes(e)}ULL, {g.entry_offset(g.alias_root[e])}ULL}},")
         shapes.extend(g.shape[e])
 
     op_rows: list[str] = []
@@ -217,8 +365,8 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
     kernels: list[str] = []
     if why is None:
         for node_id, node in enumerate(g.nodes):
-            if not node.is_op or node.func_name == "__nop":
-                continue
+            if not node.is_op or node.func_name in ("__nop", "__concat"):
+                continue  # no work: an alias, or a concatenation its inputs wrote in place
             args = [g.entry_id(s, i) for s, i, _ in node.inputs] + list(g.node_entries(node_id))
             if node.func_name == "__copy":
                 fn, kind = "NULL", "KILN_OP_COPY"
@@ -247,6 +395,10 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
     if blob:
         decls.add("extern const uint8_t __kiln_dev_mblob[];")
     p = prefix
+    dynamic = ["  0, NULL,", "  0, NULL, NULL, NULL,"]
+    dyn_lines: list[str] = []
+    if why is None and g.sym_shape is not None:
+        dyn_lines, dynamic = _dynamic_tables(g, inputs, shape_offset, p)
     lines = [
         "",
         arr("int64_t", f"{p}shapes", ints(shapes) if shapes else []),
@@ -257,6 +409,7 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
         arr("KilnNamedEntry", f"{p}inputs", [f"  {{{_c_str(n)}, {e}}}," for n, e in inputs]),
         arr("KilnNamedEntry", f"{p}outputs", [f"  {{{_c_str(n)}, {e}}}," for n, e in outputs]),
         arr("KilnNamedEntry", f"{p}params", [f"  {{{_c_str(n)}, {e}}}," for n, e in weights]),
+        *dyn_lines,
         "",
         f"static const KilnModelDesc {p}model_desc = {{",
         f"  {API_VERSION}, {_c_str(mod_name)}, {'NULL' if why is None else _c_str(why)},",
@@ -268,6 +421,7 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
         f"  {len(weights)}, {p}params,",
         f"  {'__kiln_dev_mblob' if blob else 'NULL'},",
         f"  {_LINKED_LOOKUP if linked else 'NULL'},",
+        *dynamic,
         "};",
     ]
     return decls, lines

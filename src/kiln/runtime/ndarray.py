@@ -22,7 +22,7 @@ import numpy as np
 from . import dlpack as _dlpack
 from ._ffi import DLDevice, DLTensor
 from .device import ALLOC_ALIGNMENT, Device, cpu, device as _to_device, get_device_api
-from .dtype import canonical, np_dtype, to_dl
+from .dtype import SUB_BYTE_DTYPES, canonical, itemsize, np_dtype, to_dl
 from .errors import DeviceError, InputError
 
 __all__ = ["NDArray", "array", "empty", "zeros", "from_dlpack"]
@@ -104,7 +104,7 @@ class NDArray:
         self._device = dev
         self._owner = owner  # keeps the memory alive (allocation, producer, ...)
         self._shape_arr = shape_arr
-        self._nbytes = math.prod(shape) * (dl.bits // 8)
+        self._nbytes = math.prod(shape) * itemsize(dtype)  # sub-byte types: one element per byte
         self._host = host
         return self
 
@@ -289,7 +289,7 @@ class NDArray:
         """
         shape = _normalize_shape(shape)
         dt = self._dtype if dtype is None else canonical(dtype)
-        need = math.prod(shape) * (to_dl(dt).bits // 8)
+        need = math.prod(shape) * itemsize(dt)
         byte_offset = operator.index(byte_offset)
         if byte_offset < 0 or byte_offset + need > self._nbytes:
             raise InputError(
@@ -326,6 +326,11 @@ class NDArray:
         copy : bool, optional
             True forces a copy, False forbids one (``BufferError`` if it would be needed).
         """
+        if self._dtype in SUB_BYTE_DTYPES:
+            # DLPack packs sub-byte elements (bits < 8); Kiln holds one per byte (ml_dtypes' layout)
+            raise BufferError(f"a {self._dtype} array cannot be exported through DLPack: DLPack packs "
+                              f"{self._dtype} elements several to a byte, Kiln stores one per byte; use "
+                              f".numpy() (an ml_dtypes array) instead")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             if copy is False:
                 raise BufferError(f"exporting to device {tuple(dl_device)} needs a copy but copy=False")
@@ -415,8 +420,12 @@ def _allocate(shape: int | Iterable[int], dtype: Any, device: Device | str | Non
     shape = _normalize_shape(shape)
     dt = canonical(dtype)
     dev = _resolve_device(device)
+    if dt == "string":
+        from .strings import empty_strings  # an object array of str, not device memory
+
+        return empty_strings(shape, dev)
     api = get_device_api(dev.device_type)
-    nbytes = math.prod(shape) * (to_dl(dt).bits // 8)
+    nbytes = math.prod(shape) * itemsize(dt)
     if zeroed and hasattr(api, "alloc_zeroed_data_space"):
         raw = api.alloc_zeroed_data_space(dev, nbytes, ALLOC_ALIGNMENT, dt)
     else:

@@ -3,7 +3,7 @@
 Layout (all little-endian; see ``docs/params_format.md``)::
 
     u64 0xF7E58D4F05049CB7          list magic
-    u64 0                           reserved
+    u64 version                     0 (1 when a string tensor follows)
     u64 n, then n x (u64 len, utf-8 bytes)   names
     u64 n                           tensor count (must equal the name count)
     n x tensor:
@@ -15,6 +15,12 @@ Layout (all little-endian; see ``docs/params_format.md``)::
         i64 shape[ndim]
         i64 nbytes
         nbytes raw bytes
+
+String tensors (dtype ``"string"``) use a record of their own (magic
+``STRING_TENSOR_MAGIC``, the same header with DLDataType (3, 64, 1), then ``i64 nbytes`` and per
+element a ``u64`` length and that many UTF-8 bytes); a file holding one says so with format
+version 1 in the list header's second ``u64``. Files without strings are version 0, byte for
+byte what they always were (and what TVM reads).
 
 Loading never trusts a length before checking it against the bytes that remain, so corrupt
 input raises :class:`FormatError` (with the offset and what was expected) instead of
@@ -41,6 +47,8 @@ from .ndarray import NDArray, empty
 __all__ = [
     "PARAMS_LIST_MAGIC",
     "TENSOR_MAGIC",
+    "STRING_TENSOR_MAGIC",
+    "FORMAT_VERSION",
     "save_param_dict",
     "save_param_dict_chunks",
     "load_param_dict",
@@ -52,6 +60,11 @@ __all__ = [
 PARAMS_LIST_MAGIC = 0xF7E58D4F05049CB7
 #: First u64 of every tensor record.
 TENSOR_MAGIC = 0xDD5E40F096B4A13F
+#: First u64 of a string tensor record (format version 1).
+STRING_TENSOR_MAGIC = 0xDD5E40F096B4A140
+#: Highest format version this reader understands (the list header's second u64): 0 = numeric
+#: tensors only (TVM's format), 1 = string tensor records too.
+FORMAT_VERSION = 1
 
 # tensor magic, reserved, device type, device id, ndim, dtype code, bits, lanes
 _TENSOR_HEAD = struct.Struct("<QQiiiBBH")
@@ -62,6 +75,12 @@ _MAX_NDIM = 64  # far above any real tensor; guards against reading garbage as a
 def _as_host_array(name: Any, value: Any) -> tuple[np.ndarray, str]:
     if not isinstance(name, str):
         raise InputError(f"param names must be str, got {type(name).__name__} ({name!r})")
+    if isinstance(value, NDArray) and value.dtype == _dt.STRING:
+        return value.numpy(), _dt.STRING
+    if isinstance(value, np.ndarray) and value.dtype.kind in "OUS":
+        from .strings import to_string_array
+
+        return to_string_array(value, f"param {name!r}"), _dt.STRING
     if isinstance(value, NDArray):
         arr, dt = value.numpy(copy=False), value.dtype
     elif isinstance(value, (np.ndarray, np.generic)):  # np.generic: NumPy scalars are 0-d
@@ -81,13 +100,17 @@ def _iter_chunks(params: Mapping[str, Any]) -> Iterator[bytes | memoryview]:
     items = [(k, *_as_host_array(k, v)) for k, v in params.items()]  # validate before writing
     w = Writer()
     w.u64(PARAMS_LIST_MAGIC)
-    w.u64(0)
+    # version 0 unless a string record needs 1: numeric-only files stay readable by TVM
+    w.u64(1 if any(dt == _dt.STRING for _, _, dt in items) else 0)
     w.u64(len(items))
     for name, _, _ in items:
         w.string(name)
     w.u64(len(items))
     yield w.getvalue()
-    for _, arr, dt in items:
+    for name, arr, dt in items:
+        if dt == _dt.STRING:
+            yield _string_record(name, arr)
+            continue
         dl = _dt.to_dl(dt)
         w = Writer()
         w.pack(_TENSOR_HEAD, TENSOR_MAGIC, 0, 1, 0, arr.ndim, dl.code, dl.bits, dl.lanes)
@@ -97,6 +120,48 @@ def _iter_chunks(params: Mapping[str, Any]) -> Iterator[bytes | memoryview]:
         yield w.getvalue()
         if arr.nbytes:
             yield memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _string_record(name: str, arr: np.ndarray) -> bytes:
+    dl = _dt.to_dl(_dt.STRING)
+    body = Writer()
+    for i, text in enumerate(arr.reshape(-1)):
+        try:
+            body.string(text)
+        except UnicodeEncodeError as err:
+            raise InputError(f"param {name!r}: element {i} cannot be encoded as UTF-8 ({err.reason})") from None
+    w = Writer()
+    w.pack(_TENSOR_HEAD, STRING_TENSOR_MAGIC, 0, 1, 0, arr.ndim, dl.code, dl.bits, dl.lanes)
+    for d in arr.shape:
+        w.i64(d)
+    w.i64(body.nbytes)
+    return w.getvalue() + body.getvalue()
+
+
+def _read_string_tensor(r: Reader, what: str, start: int, ndim: int, code: int, bits: int, lanes: int) -> NDArray:
+    dl = _dt.to_dl(_dt.STRING)
+    if (code, bits, lanes) != (dl.code, dl.bits, dl.lanes):
+        raise r.error(f"{what}: a string record must have DLDataType ({dl.code}, {dl.bits}, {dl.lanes}), "
+                      f"got ({code}, {bits}, {lanes})", start)
+    shape_at = r.pos
+    shape = r.unpack(struct.Struct(f"<{ndim}q"), f"{what} shape")
+    if any(d < 0 for d in shape):
+        raise r.error(f"{what}: negative dimension in shape {shape}", shape_at)
+    nbytes_at = r.pos
+    nbytes = r.i64(f"{what} nbytes")
+    n = math.prod(shape)
+    if nbytes < 0 or n > nbytes // 8:  # every element takes at least its 8-byte length
+        raise r.error(f"{what}: nbytes {nbytes} cannot hold {n} strings of shape {shape}", nbytes_at)
+    r.need(nbytes, f"{what} data")
+    begin = r.pos
+    objs = np.empty(n, dtype=object)
+    for i in range(n):
+        objs[i] = r.string(f"{what} element {i}")
+    if r.pos - begin != nbytes:
+        raise r.error(f"{what}: nbytes is {nbytes} but its strings take {r.pos - begin}", nbytes_at)
+    out = empty(shape, _dt.STRING)
+    out.copyfrom(objs.reshape(shape))
+    return out
 
 
 def save_param_dict_chunks(params: Mapping[str, NDArray | np.ndarray]) -> list[bytes | memoryview]:
@@ -162,10 +227,12 @@ def _where(source: str) -> str:
     return f"invalid params data ({source})"
 
 
-def _read_tensor(r: Reader, index: int, name: str) -> NDArray:
+def _read_tensor(r: Reader, index: int, name: str, version: int = 0) -> NDArray:
     start = r.pos
     what = f"tensor #{index} ({name!r})"
     magic, _reserved, dev_type, dev_id, ndim, code, bits, lanes = r.unpack(_TENSOR_HEAD, f"{what} header")
+    if magic == STRING_TENSOR_MAGIC and version >= 1 and dev_type == 1 and 0 <= ndim <= _MAX_NDIM:
+        return _read_string_tensor(r, what, start, ndim, code, bits, lanes)
     if magic != TENSOR_MAGIC:
         raise r.error(f"{what}: bad tensor magic 0x{magic:016X}, expected 0x{TENSOR_MAGIC:016X}", start)
     if dev_type != 1:
@@ -209,7 +276,11 @@ def _load(r: Reader) -> dict[str, NDArray]:
     magic = r.u64("list magic")
     if magic != PARAMS_LIST_MAGIC:
         raise r.error(f"bad magic 0x{magic:016X}, expected params list magic 0x{PARAMS_LIST_MAGIC:016X}", 0)
-    r.u64("reserved field")  # written as 0, ignored on read (room for future versions)
+    at = r.pos
+    version = r.u64("format version")  # 0: TVM's format; 1: string tensor records may follow
+    if version > FORMAT_VERSION:
+        raise r.error(f"params format version {version} is newer than this reader's {FORMAT_VERSION}; "
+                      "load it with a newer Kiln", at)
     n_names = r.count("name count", 8)  # every name takes at least its 8-byte length
     names = [r.string(f"name #{i}") for i in range(n_names)]
     at = r.pos
@@ -220,7 +291,7 @@ def _load(r: Reader) -> dict[str, NDArray]:
     for i, name in enumerate(names):
         if name in result:
             raise r.error(f"duplicate param name {name!r}")
-        result[name] = _read_tensor(r, i, name)
+        result[name] = _read_tensor(r, i, name, version)
     r.expect_end("the last tensor")
     return result
 

@@ -19,7 +19,9 @@ __all__ = [
     "is_integer",
     "is_bool",
     "bits_of",
+    "dl_bits",
     "dl_code",
+    "is_low_precision",
     "min_value",
     "max_value",
 ]
@@ -75,20 +77,37 @@ def is_bool(dtype: str) -> bool:
     return dtype == "bool"
 
 
+def is_low_precision(dtype: str) -> bool:
+    """True for the low-precision storage types (float8 variants, float4_e2m1fn, int4, uint4,
+    int2, uint2): a kernel loads, stores, selects and reinterprets them as their storage byte
+    (``Call(REINTERPRET)`` to / from ``uint8``) but computes nothing in them; conversions are
+    built by :mod:`kiln.topi.lowp_cast`."""
+    return dtype in _rt.LOW_PRECISION_DTYPES
+
+
 def bits_of(dtype: str) -> int:
-    """Storage width in bits (bool is stored as one byte, like DLPack)."""
+    """Storage width in bits (bool is stored as one byte, like DLPack; so is each element of a
+    sub-byte type such as int4)."""
     if dtype == "handle":
         return 64
     return _rt.bits(dtype)
 
 
+def dl_bits(dtype: str) -> int:
+    """The ``bits`` of the dtype's DLPack ``DLDataType`` (what a kernel's argument check
+    compares): :func:`bits_of` except for the sub-byte types (int4: 4)."""
+    return _rt.dl_bits(dtype)
+
+
 def dl_code(dtype: str) -> int:
-    """DLPack type code of ``dtype`` (0 int, 1 uint, 2 float, 4 bfloat, 6 bool)."""
+    """DLPack type code of ``dtype`` (0 int, 1 uint, 2 float, 4 bfloat, 6 bool, 10-14 float8, 17 float4)."""
     return _rt.dl_code(dtype)
 
 
 def min_value(dtype: str) -> float | int:
     """Smallest value of ``dtype`` (``-inf`` for floats); the identity of ``max`` reductions."""
+    if is_low_precision(dtype):
+        raise CompileError(f"min_value: {dtype} is a low-precision storage type; kernels compute nothing in it")
     if is_float(dtype):
         return float("-inf")
     if is_bool(dtype):
@@ -99,6 +118,8 @@ def min_value(dtype: str) -> float | int:
 
 def max_value(dtype: str) -> float | int:
     """Largest value of ``dtype`` (``inf`` for floats); the identity of ``min`` reductions."""
+    if is_low_precision(dtype):
+        raise CompileError(f"max_value: {dtype} is a low-precision storage type; kernels compute nothing in it")
     if is_float(dtype):
         return float("inf")
     if is_bool(dtype):

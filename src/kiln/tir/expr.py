@@ -15,7 +15,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 from ..runtime.errors import CompileError
-from .dtype import check_dtype, is_bool, is_float, is_uint, bits_of
+from .dtype import check_dtype, is_bool, is_float, is_low_precision, is_uint, bits_of
 
 __all__ = [
     "PrimExpr",
@@ -342,11 +342,31 @@ def const(value: Any, dtype: str | None = None) -> PrimExpr:
         else:
             raise CompileError(f"cannot make a constant of {value!r}")
     dtype = check_dtype(dtype)
+    if is_low_precision(dtype):
+        return _low_precision_const(value, dtype)
     if is_float(dtype):
         return FloatImm(float(value), dtype)
     if isinstance(value, float) and not value.is_integer():
         value = math.trunc(value)
     return IntImm(int(bool(value)) if is_bool(dtype) else _wrap_int(int(value), dtype), dtype)
+
+
+def _low_precision_const(value: Any, dtype: str) -> PrimExpr:
+    """A constant of a low-precision storage type: its storage byte, rounded here at compile time
+    (``ml_dtypes``; out-of-range values saturate), reinterpreted as ``dtype``."""
+    import numpy as np
+
+    from ..runtime.dtype import np_dtype
+
+    dt = np_dtype(dtype)
+    v = np.asarray(value, dtype=np.float64)
+    if dt.name.startswith("float"):
+        import ml_dtypes
+
+        fi = ml_dtypes.finfo(dt)
+        v = np.clip(v, float(fi.min), float(fi.max)) if not np.isnan(v) else v
+    bits = int(v.astype(dt).reshape(1).view(np.uint8)[0])
+    return Call(dtype, "kiln.reinterpret", [IntImm(bits, "uint8")], text=dtype)
 
 
 def _wrap_int(v: int, dtype: str) -> int:
@@ -574,6 +594,11 @@ def cast(value: Any, dtype: str) -> PrimExpr:
     e = convert(value)
     if e.dtype == dtype:
         return e
+    if is_low_precision(dtype) or is_low_precision(e.dtype):
+        if isinstance(e, (IntImm, FloatImm)) and is_low_precision(dtype):  # a constant: encoded now
+            return _low_precision_const(e.value, dtype)
+        raise CompileError(f"cast from {e.dtype} to {dtype}: low-precision storage types convert through "
+                           f"kiln.topi.lowp_cast.convert (ONNX rounding, saturation and NaN rules), not a plain cast")
     if isinstance(e, (IntImm, FloatImm)):
         if is_float(dtype):
             v = float(e.value)

@@ -29,7 +29,7 @@ _I32 = "int32"
 
 
 # ----------------------------------------------------------------------------- helpers
-def _ext(b: Buffer, d: int) -> Any:
+def runtime_extent(b: Buffer, d: int) -> Any:
     """Runtime extent of dim ``d`` of ``b``: its dyn Var, else the static extent."""
     v = b.dyn[d] if b.dyn is not None else None
     return v if v is not None else const(b.shape[d], _I32)
@@ -99,7 +99,7 @@ def _set_all(params: Sequence[Buffer], reports: Sequence[tuple[Buffer, int]], va
 def _nonzero(attrs: dict, args: list, outs: list, name: str, target: Any) -> PrimFunc:
     (x,), out = args, _reported(outs[0], [1])
     cnt = _local("cnt")
-    exts = [_ext(x, d) for d in range(x.ndim)]
+    exts = [runtime_extent(x, d) for d in range(x.ndim)]
 
     def body(vs: list[tir.Var]) -> Stmt:
         n = cnt[0]
@@ -116,10 +116,10 @@ def _compress(attrs: dict, args: list, outs: list, name: str, target: Any) -> Pr
     x, cond = args
     axis = attrs["axis"]
     cnt = _local("cnt")
-    nc = _ext(cond, 0)
+    nc = runtime_extent(cond, 0)
     if axis is None:
         out = _reported(outs[0], [0])
-        exts = [_ext(x, d) for d in range(x.ndim)]
+        exts = [runtime_extent(x, d) for d in range(x.ndim)]
 
         def body(vs: list[tir.Var]) -> Stmt:
             f = _flat(vs, exts)
@@ -133,9 +133,9 @@ def _compress(attrs: dict, args: list, outs: list, name: str, target: Any) -> Pr
     out = _reported(outs[0], [axis])
     sel = _local("sel", _I32, x.shape[axis], scope="global")
     i = tir.Var("c", _I32)
-    pick = For(i, 0, binary("min", _ext(x, axis), nc), "serial",
+    pick = For(i, 0, binary("min", runtime_extent(x, axis), nc), "serial",
                IfThenElse(_nonzero_of(cond[i]), seq(_store(sel, i, [cnt[0]]), _store(cnt, cnt[0] + 1, [0]))))
-    exts = [_ext(x, d) if d != axis else cnt[0] for d in range(x.ndim)]
+    exts = [runtime_extent(x, d) if d != axis else cnt[0] for d in range(x.ndim)]
 
     def copy(vs: list[tir.Var]) -> Stmt:
         src: list[Any] = list(vs)
@@ -232,7 +232,7 @@ def _unique(attrs: dict, args: list, outs: list, name: str, target: Any) -> Prim
     ty, tf, tc = ((_local("tv", x.dtype, n, "global"), _local("tf", "int64", n, "global"),
                    _local("tc", "int64", n, "global")) if is_sorted else (y, first, counts))
     rank = _local("rank", _I32, n, "global")
-    exts = [_ext(x, d) for d in range(x.ndim)]
+    exts = [runtime_extent(x, d) for d in range(x.ndim)]
     j = tir.Var("j", _I32)
 
     def visit(vs: list[tir.Var]) -> Stmt:
@@ -279,7 +279,7 @@ def _unique_slices(attrs: dict, x: Buffer, outs: list, name: str) -> PrimFunc:
     tf, tc = ((_local("tf", "int64", n, "global"), _local("tc", "int64", n, "global")) if is_sorted
               else (first, counts))
     rank = _local("rank", _I32, n, "global")
-    exts = [_ext(x, d) if d != axis else const(1, _I32) for d in range(x.ndim)]
+    exts = [runtime_extent(x, d) if d != axis else const(1, _I32) for d in range(x.ndim)]
     i, j, k = (tir.Var(v, _I32) for v in ("i", "j", "k"))
 
     def over_slice(fn: Callable[[Callable[[Any], tuple]], Stmt]) -> Stmt:
@@ -300,7 +300,7 @@ def _unique_slices(attrs: dict, x: Buffer, outs: list, name: str) -> PrimFunc:
               _store(inv, cast(cnt[0], "int64"), [i]), _store(cnt, cnt[0] + 1, [0]))
     old = seq(_store(tc, tc[found[0]] + const(1, "int64"), [found[0]]),
               _store(inv, cast(found[0], "int64"), [i]))
-    stmts: list[Stmt] = [_store(cnt, 0, [0]), For(i, 0, _ext(x, axis), "serial", seq(
+    stmts: list[Stmt] = [_store(cnt, 0, [0]), For(i, 0, runtime_extent(x, axis), "serial", seq(
         _store(found, -1, [0]), search, IfThenElse(binary("lt", found[0], 0), new, old)))]
     bufs = [cnt, found, flag]
     if is_sorted:
@@ -313,7 +313,8 @@ def _unique_slices(attrs: dict, x: Buffer, outs: list, name: str) -> PrimFunc:
         place = seq(over_slice(lambda at: _store(y, ty[at(j)], at(rank[j]))),
                     _store(first, tf[j], [rank[j]]), _store(counts, tc[j], [rank[j]]))
         stmts += [For(j, 0, cnt[0], "serial", seq(_store(rank, 0, [j]), count_smaller, place)),
-                  For(i, 0, _ext(x, axis), "serial", _store(inv, cast(rank[cast(inv[i], _I32)], "int64"), [i]))]
+                  For(i, 0, runtime_extent(x, axis), "serial",
+                      _store(inv, cast(rank[cast(inv[i], _I32)], "int64"), [i]))]
         bufs += [ty, tf, tc, rank]
     params = [x, y, first, inv, counts]
     stmts.append(_set_all(params, [(y, axis), (first, 0), (counts, 0)], cnt[0]))
@@ -340,7 +341,7 @@ def _topk_runtime_k(attrs: dict, args: list, outs: list, name: str, target: Any)
     # k as given is reported (the executor rejects one outside 0..n); the loops use it clamped
     k64 = cast(kbuf[tuple(0 for _ in range(kbuf.ndim))], "int64")
     kc = cast(binary("min", binary("max", k64, const(0, "int64")), const(n, "int64")), _I32)
-    exts = [_ext(x, d) if d != axis else const(1, _I32) for d in range(x.ndim)]
+    exts = [runtime_extent(x, d) if d != axis else const(1, _I32) for d in range(x.ndim)]
     i, j = tir.Var("i", _I32), tir.Var("j", _I32)
 
     def row(vs: list[tir.Var]) -> Stmt:

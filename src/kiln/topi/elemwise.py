@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from .. import te
 from ..tir.dtype import is_bool, is_float, is_uint
+from .lowp_cast import convert as lowp_convert, is_lowp_conversion
 from .registry import register_compute
 from .util import TAG_ELEMWISE, compute_dtype, load
 
@@ -296,11 +297,17 @@ def clip(attrs: dict, inputs: list, out_types: list) -> list:
 def cast(attrs: dict, inputs: list, out_types: list) -> list:
     """Convert to ``attrs["dtype"]`` (float → int truncates; → bool is ``x != 0``).
 
-    bfloat16 goes through float32 on either side, exactly as the reference does.
+    bfloat16 goes through float32 on either side, exactly as the reference does. A conversion
+    to or from a low-precision storage type (float8, float4, int4, ...) is the integer bit
+    manipulation of :func:`kiln.topi.lowp_cast.convert`, with the ``saturate`` and
+    ``round_mode`` attributes of ONNX Cast.
     """
     x = inputs[0]
     dt = attrs["dtype"]
     src = x.dtype
+    if is_lowp_conversion(src, dt):
+        saturate, round_mode = bool(attrs.get("saturate", True)), str(attrs.get("round_mode", "up"))
+        return [elemwise(x, lambda v: lowp_convert(v, dt, saturate, round_mode), "cast", dt)]
 
     def f(v: Any) -> Any:
         if dt == "bool":

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import te, tir
-from ..tir.dtype import bits_of, is_float, is_int
+from ..tir.dtype import bits_of, is_float, is_int, is_low_precision
 from .broadcast import broadcast_compute
 from .elemwise import elemwise
 from .registry import register_compute
@@ -102,7 +102,8 @@ REINTERPRET = "kiln.reinterpret"
 def bitcast(attrs: dict, inputs: list, out_types: list) -> list:
     """The bits of each element read as ``attrs["dtype"]`` (ONNX BitCast)."""
     x, dst = inputs[0], attrs["dtype"]
-    if not is_float(x.dtype) and not is_float(dst):
+    lowp = is_low_precision(x.dtype) or is_low_precision(dst)  # one storage byte, read as the other type
+    if not is_float(x.dtype) and not is_float(dst) and not lowp:
         # Between integer types (and bool) of one width a cast keeps the bits already.
         return [elemwise(x, lambda v: v, "bitcast", dst)]
     return [elemwise(x, lambda v: tir.Call(dst, REINTERPRET, [v], text=dst), "bitcast", dst)]

@@ -152,8 +152,11 @@ def register_prim_kernel(op_name: str, fn: PrimKernelFn | None = None) -> Any:
 
     For ops a tensor expression cannot state: data-dependent outputs (NonZero, Unique, NMS)
     whose kernel counts as it writes and reports the count as its output's extent
-    (``tir.set_extent``). The op must be ``OPAQUE`` (a kernel of its own). The driver calls
-    ``fn(attrs, args, outs, name, target)`` with parameter :class:`~kiln.tir.Buffer` s (``dyn``
+    (``tir.set_extent``), and loops whose extents and indices come from tables
+    (``kiln.topi.ml``: n-gram matching, tree walks). The op must be ``OPAQUE`` (a kernel of its
+    own). The driver calls
+    ``fn(attrs, args, outs, name, target)`` with parameter :class:`~kiln.tir.Buffer` s, one per
+    input of the node (a value it reads twice is two arguments) and per output (``dyn``
     set for symbolic dims the kernel reads; a data-dependent dim the kernel decides is left
     static at its upper bound) and uses the returned :class:`~kiln.tir.PrimFunc` as is.
     """

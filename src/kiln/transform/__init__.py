@@ -2,8 +2,8 @@
 
 Provided here: ``InferType``, ``FoldConstant``, ``BindParams``, ``SimplifyInference``,
 ``RemoveIdentity``, ``EliminateCommonSubexpr``, ``DeadCodeElimination``, ``MarkAlias``,
-``Simplify``, ``FlattenMatmul``, ``PruneConvTaps`` (constructors returning :class:`Pass`
-objects) and their function forms.
+``Simplify``, ``FusePatterns``, ``FlattenMatmul``, ``PruneConvTaps`` (constructors returning
+:class:`Pass` objects) and their function forms.
 Operator fusion (``kiln.transform.fuse``) and memory planning (``kiln.transform.memory_plan``)
 are separate modules imported explicitly by the build driver — not from this ``__init__``.
 
@@ -19,6 +19,7 @@ from .alter_layout import AlterConvLayout, alter_conv_layout
 from .infer_type import InferType, infer_type
 from .flatten_matmul import FlattenMatmul, flatten_matmul
 from .prune_conv_taps import PruneConvTaps, prune_conv_taps
+from .fuse_patterns import FusePatterns, fuse_patterns
 from .fold_constant import (BindParams, DEFAULT_FOLD_LIMIT, FoldConstant, bind_params,
                             fold_constant)
 from .simplify import (DeadCodeElimination, EliminateCommonSubexpr, MarkAlias, RemoveIdentity,
@@ -28,21 +29,22 @@ from .simplify import (DeadCodeElimination, EliminateCommonSubexpr, MarkAlias, R
 
 
 def default_pipeline(params=None, opt_level: int = 2, disabled=()) -> Sequential:
-    """The standard graph pipeline: bind params, infer types, fold, simplify, flatten
-    shared-weight products over leading dims, prune conv taps that read only padding, fold
-    again, and (opt_level 3) run conv chains in the blocked layout; ``disabled`` names passes
-    to skip."""
+    """The standard graph pipeline: bind params, infer types, fold, simplify, fuse RMSNorm /
+    tanh-GELU chains into their ops, flatten shared-weight products over leading dims, prune
+    conv taps that read only padding, fold again, and (opt_level 3) run conv chains in the
+    blocked layout; ``disabled`` names passes to skip."""
     passes = []
     if params:
         passes.append(BindParams(params))
-    passes += [InferType(), FoldConstant(), Simplify(opt_level), FlattenMatmul(), PruneConvTaps(),
-               FoldConstant(), AlterConvLayout(), DeadCodeElimination()]
+    passes += [InferType(), FoldConstant(), Simplify(opt_level), FusePatterns(), FlattenMatmul(),
+               PruneConvTaps(), FoldConstant(), AlterConvLayout(), DeadCodeElimination()]
     return Sequential(passes, opt_level=opt_level, disabled=disabled, name="default_pipeline")
 
 
 __all__ = [
     "Pass", "Sequential", "graph_pass", "default_pipeline", "AlterConvLayout", "alter_conv_layout",
     "FlattenMatmul", "flatten_matmul", "PruneConvTaps", "prune_conv_taps",
+    "FusePatterns", "fuse_patterns",
     "InferType", "infer_type",
     "FoldConstant", "fold_constant", "BindParams", "bind_params", "DEFAULT_FOLD_LIMIT",
     "DeadCodeElimination", "EliminateCommonSubexpr", "MarkAlias", "RemoveIdentity", "Simplify",

@@ -16,6 +16,11 @@ Algorithm (liveness-based, greedy best fit, TVM's ``GraphPlanMemory`` in spirit)
   storage but are never released (the user reads them after the run).
 * A ``__nop`` output (aliasing reshape) shares its input's storage id; its uses extend the
   lifetime of that storage.
+* A ``__concat`` (a concatenation written in place, ``is_view``) places its inputs back to back
+  inside its output: they share its storage id at byte offsets (``MemoryPlan.storage_offsets``),
+  so their producers write straight into the concatenated tensor and nothing copies them.
+  :func:`place_concats` decides the placement; every entry of one placement is live from the
+  first write of any of them to the last read of any of them.
 * Heterogeneous graphs: with ``devices`` (the DLPack device type of every entry), storage is
   planned per device — an entry only ever reuses storage of its own device, and every
   storage id belongs to exactly one device (``MemoryPlan.storage_devices``).
@@ -24,9 +29,11 @@ Algorithm (liveness-based, greedy best fit, TVM's ``GraphPlanMemory`` in spirit)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Hashable, Sequence, TypeVar
 
-__all__ = ["PlanOp", "MemoryPlan", "plan_memory"]
+__all__ = ["PlanOp", "MemoryPlan", "plan_memory", "place_concats"]
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -41,11 +48,15 @@ class PlanOp:
         Entry ids written.
     is_nop : bool
         A ``__nop`` alias: ``outputs[0]`` shares ``inputs[0]``'s storage.
+    is_view : bool
+        A ``__concat`` written in place: ``outputs[0]`` is the byte concatenation of
+        ``inputs``, which live inside it (no work at run time).
     """
 
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     is_nop: bool = False
+    is_view: bool = False
 
 
 @dataclass
@@ -69,6 +80,9 @@ class MemoryPlan:
         Bytes of the input and param storages.
     storage_devices : list of int
         DLPack device type of every storage id (all 1 = CPU unless planned per device).
+    storage_offsets : list of int
+        Byte offset of every entry inside its storage (non-zero only for the inputs of an
+        in-place ``__concat`` and their aliases).
     """
 
     storage_ids: list[int]
@@ -78,6 +92,7 @@ class MemoryPlan:
     no_reuse_bytes: int = 0
     fixed_bytes: int = 0
     storage_devices: list[int] = field(default_factory=list)
+    storage_offsets: list[int] = field(default_factory=list)
 
     @property
     def num_storages(self) -> int:
@@ -145,17 +160,37 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
             sdev.append(edev[e])
             fixed_sids.add(sid[e])
 
-    # Alias roots and remaining-use counts per root (a nop's read of its input is not a use:
-    # the alias's own readers are).
+    # Alias roots: a nop's output is its input's memory; the inputs of an in-place concat are
+    # the concatenation's memory at an offset. ``root`` is the entry whose storage an entry
+    # uses, ``offset`` where inside it.
     root = list(range(n))
     for op in ops:
         if op.is_nop:
             root[op.outputs[0]] = root[op.inputs[0]]
+    fixed_set, out_set = set(fixed), {root[e] for e in outputs}
+    views = [(op.outputs[0], tuple(op.inputs)) for op in ops if op.is_view]
+    ok, loc = place_concats(views, lambda e: int(entry_bytes[e]),
+                            lambda e: e not in fixed_set and e not in out_set and root[e] == e)
+    if not all(ok):
+        bad = views[ok.index(False)]
+        raise ValueError(f"plan_memory: the concatenation of entries {list(bad[1])} into entry {bad[0]} "
+                         "cannot be written in place")
+    offset = [0] * n
+    for e in range(n):
+        r = root[e]
+        if r in loc:
+            root[e], offset[e] = loc[r][0], loc[r][1]
+    # Remaining uses per root: reads by kernels (a nop's or view's read is not a use: their
+    # readers are), plus the writes still to come into a shared placement, so it is not
+    # released before its last member is written.
     refs = [0] * n
     for op in ops:
-        if not op.is_nop:
+        if not (op.is_nop or op.is_view):
             for e in op.inputs:
                 refs[root[e]] += 1
+            for o in op.outputs:
+                if root[o] != o:
+                    refs[root[o]] += 1
     pinned = {root[e] for e in outputs}
 
     free_by_dev: dict[int, list[int]] = {}  # device type -> storage ids available for reuse
@@ -183,17 +218,24 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
 
     no_reuse = 0
     for op in ops:
-        if op.is_nop:
+        if op.is_nop or op.is_view:
             for o in op.outputs:
                 sid[o] = sid[root[o]]
             continue
         for o in op.outputs:
-            if sid[o] < 0:
-                sid[o] = take(int(entry_bytes[o]), edev[o])
-                no_reuse += int(entry_bytes[o])
-        for o in op.outputs:  # written but never read: free right away
-            if root[o] == o and refs[o] == 0:
-                release(o)
+            if sid[o] >= 0:
+                continue
+            r = root[o]
+            if sid[r] < 0:
+                sid[r] = take(int(entry_bytes[r]), edev[r])
+            sid[o] = sid[r]
+            no_reuse += int(entry_bytes[o])
+        for o in op.outputs:  # written but never read (nor its placement): free right away
+            r = root[o]
+            if r != o:
+                refs[r] -= 1
+            if refs[r] == 0:
+                release(r)
         for e in op.inputs:
             r = root[e]
             refs[r] -= 1
@@ -207,4 +249,60 @@ def plan_memory(entry_bytes: Sequence[int], ops: Sequence[PlanOp], fixed: Sequen
                 sdev.append(edev[e])
     planned = sum(s for i, s in enumerate(sizes) if i not in fixed_sids)
     fixed_b = sum(sizes[i] for i in fixed_sids)
-    return MemoryPlan(sid, sizes, fixed_sids, planned, no_reuse, fixed_b, sdev)
+    return MemoryPlan(sid, sizes, fixed_sids, planned, no_reuse, fixed_b, sdev, offset)
+
+
+def place_concats(concats: Sequence[tuple[K, Sequence[K]]], nbytes: Callable[[K], int],
+                  movable: Callable[[K], bool]) -> tuple[list[bool], dict[K, tuple[K, int]]]:
+    """Decide which concatenations can be written in place, and where their pieces go.
+
+    A concatenation whose pieces are contiguous byte ranges of its result (a concat along an
+    axis with only 1s before it) needs no copy if every piece is written straight into the
+    result. A piece can live in one place only, so chains that share pieces (DenseNet's
+    ``c_k = concat(c_{k-1}, y_k)``) must agree: walking the concatenations from the last,
+    each places its pieces at their offsets inside its own location, or, when its pieces were
+    already placed back to back by a later one, takes their location as its own.
+
+    Parameters
+    ----------
+    concats : sequence of (output, inputs)
+        Candidate concatenations in execution order.
+    nbytes : callable
+        Byte size of an entry.
+    movable : callable
+        Whether an entry may be placed inside another one's memory (written by a kernel, not
+        a graph input, param, output or alias).
+
+    Returns
+    -------
+    accepted : list of bool
+        Per concatenation, whether it is written in place.
+    placement : dict
+        ``entry -> (root, byte offset)`` for every entry of an accepted concatenation; a
+        root maps to ``(root, 0)`` and owns the memory.
+    """
+    loc: dict[K, tuple[K, int]] = {}
+    accepted = [False] * len(concats)
+    for k in range(len(concats) - 1, -1, -1):
+        out, ins = concats[k]
+        if not ins or not movable(out) or out in ins or len(set(ins)) != len(ins):
+            continue
+        offs, total = [], 0
+        for i in ins:
+            offs.append(total)
+            total += nbytes(i)
+        if total != nbytes(out):
+            continue
+        if out not in loc and all(i in loc for i in ins):
+            r, base = loc[ins[0]]
+            if all(loc[i] == (r, base + d) for i, d in zip(ins, offs)):
+                loc[out] = (r, base)
+                accepted[k] = True
+            continue
+        r, base = loc.get(out, (out, 0))
+        want = [(r, base + d) for d in offs]
+        if all(loc[i] == w if i in loc else movable(i) for i, w in zip(ins, want)):
+            loc.setdefault(out, (r, base))
+            loc.update(zip(ins, want))
+            accepted[k] = True
+    return accepted, loc

@@ -100,7 +100,10 @@ def _load_converters() -> None:
     from . import ops_control, ops_math, ops_nn, ops_tensor  # noqa: F401
     from . import ops_attention, ops_index, ops_integer, ops_loss, ops_recurrent, ops_spatial  # noqa: F401
     from . import ops_ml  # noqa: F401
+    from . import ops_text  # noqa: F401  (TfIdfVectorizer)
     from . import ops_dynamic  # noqa: F401  (after ops_index, ops_math, ops_tensor: takes over Compress, TopK, Range)
+    from . import ops_string  # noqa: F401  (after ops_math: wraps Equal for strings)
+    from . import ops_sequence  # noqa: F401  (after ops_control, ops_tensor: wraps If, Loop, Identity)
 
 
 def _elem_type_name(elem_type: int) -> str:
@@ -121,6 +124,8 @@ def onnx_dtype(elem_type: int) -> str:
         name = None
     if elem_type == onnx.TensorProto.BFLOAT16:
         name = "bfloat16"
+    if elem_type == onnx.TensorProto.STRING:
+        name = "string"
     if name not in DTYPES:
         raise UnsupportedOpError(f"ONNX element type {_elem_type_name(elem_type)} is not "
                                  f"supported")
@@ -151,7 +156,13 @@ def tensor_to_array(t: Any, what: str | None = None) -> np.ndarray:
 
     what = what or f"tensor {t.name!r}"
     if t.data_type == onnx.TensorProto.STRING:
-        raise UnsupportedOpError(f"string {what} is not supported")
+        check_size(t.dims, what)
+        if t.data_location == onnx.TensorProto.EXTERNAL or len(t.string_data) != math.prod(t.dims):
+            raise FormatError(f"{what}: a string tensor of shape {tuple(t.dims)} must hold "
+                              f"{math.prod(t.dims)} string_data entries, it has {len(t.string_data)}")
+        from ...runtime.strings import to_string_array
+
+        return to_string_array(np.array(list(t.string_data), dtype=object).reshape(tuple(t.dims)), what)
     dtype = onnx_dtype(t.data_type)
     check_size(t.dims, what)
     try:
@@ -538,11 +549,11 @@ def _check_graph(graph: Any) -> None:
                                  f"{what} names must be unique")
             seen.add(vi.name)
             kind = vi.type.WhichOneof("value") if vi.HasField("type") else None
-            if kind not in (None, "tensor_type"):
+            if kind not in (None, "tensor_type", "sequence_type", "optional_type"):
                 # a sequence / optional / map value would come back as a plain tensor: refuse it
                 raise UnsupportedOpError(
                     f"graph {graph.name!r} {what} {vi.name!r} has type {kind}; Kiln supports tensor values "
-                    "only (sequence, optional and map types are not supported)")
+                    "sequences and optionals only (map types are not supported)")
 
 
 @functools.cache
@@ -715,13 +726,16 @@ def from_onnx(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None = No
         symbolic expression (``"seq"``, ``"2*seq"``) whose symbols get ranges from
         ``dim_ranges``. An input not named keeps the model's dims: ``dim_value`` s and, for a
         ``dim_param``, the symbol of that name (made a valid name, see :func:`symbol_names`;
-        inputs with the same dim_param share it).
+        inputs with the same dim_param share it). A sequence input takes one dims per element
+        (``{"xs": [(2, 3), (4, 3)]}``: its length and element shapes are fixed at compile time),
+        a present optional input its value's dims (``docs/sequences.md``).
     dtype : str or dict, optional
         Input dtype override: one dtype for every floating-point input, or
         ``{input_name: dtype}``.
     freeze : dict or bool, optional
         ``{input_name: array}`` turns runtime inputs into constants (shape tensors fed as inputs,
-        as in the ONNX node tests). ``True`` turns every initializer into a constant too.
+        as in the ONNX node tests). ``True`` turns every initializer into a constant too. For an
+        optional input ``None`` compiles it as absent; for a sequence a list of arrays.
     dim_ranges : dict, optional
         ``{dim: (lo, hi)}``: the runtime range of each symbolic dim (``1 <= lo <= hi``), keyed
         by the model's dim_param or the symbol name. Every symbolic dim an input keeps needs
@@ -830,7 +844,10 @@ def _convert(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None,
     ctx.env = env
     params_of = symbol_names(g, set(freeze_map) | init_names)
     runtime_inputs: list[tuple[Any, tuple[Dim, ...], str | None]] = []
+    containers = {vi.name for vi in real_inputs if vi.type.WhichOneof("value") in ("sequence_type", "optional_type")}
     for vi in real_inputs:
+        if vi.name in containers:
+            continue  # ops_sequence.container_input, below
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedOpError(f"graph input {vi.name!r} is not a tensor")
         if vi.name in freeze_map:
@@ -847,8 +864,20 @@ def _convert(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None,
     _declare_dims(ctx.graph, {vi.name: dims for vi, dims, _ in runtime_inputs},
                   dict(dim_ranges or {}), params_of)
     runtime = {vi.name: (dims, dt) for vi, dims, dt in runtime_inputs}
+    input_layouts: dict[str, Any] = {}
     for vi in real_inputs:
+        if vi.name in containers:
+            from .ops_sequence import container_input
+
+            env[vi.name], lay = container_input(ctx, vi, shape.get(vi.name), freeze_map,
+                                                dtype.get(vi.name) if isinstance(dtype, Mapping) else None)
+            if lay:
+                input_layouts[vi.name] = lay
+            continue
         if vi.name in freeze_map:
+            if freeze_map[vi.name] is None:
+                raise InputError(f"freeze= gives None for graph input {vi.name!r}, a tensor; only an "
+                                 f"optional input may be absent")
             arr = np.asarray(freeze_map[vi.name])
             want = onnx_dtype(vi.type.tensor_type.elem_type)
             env[vi.name] = ctx.const(arr.astype(np_dtype(want), copy=False))
@@ -901,8 +930,14 @@ def _convert(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None,
                 f"{symvalues.describe(ctx.sym_values[env[vi.name]])}, computed from symbolic "
                 f"dims; Kiln does not return symbolic dims as tensor data (pin them with shape=)")
         outputs.append(env[vi.name])
-    ctx.graph.outputs = outputs
+    from .ops_sequence import LAYOUTS_ATTR, flatten_outputs
+
+    ctx.graph.outputs, output_layouts = flatten_outputs(ctx, outputs, [vi.name for vi in g.output])
     graph = _prune(ctx.graph, set(params))
+    if input_layouts or output_layouts:
+        # how the runtime regroups flattened sequence / optional values (docs/sequences.md)
+        setattr(graph, LAYOUTS_ATTR, {"inputs": input_layouts, "outputs": output_layouts or [
+            {"kind": "tensor", "head": k, "name": vi.name} for k, vi in enumerate(g.output)]})
     params = {k: v for k, v in params.items() if k in set(graph.input_names)}
     return graph, params
 
@@ -1000,7 +1035,7 @@ def _convert_node(ctx: Context, node: Any, env: dict[str, Value], missing_output
             res = conv(ctx, node, ins, attrs)
         res = [res] if isinstance(res, Value) else list(res)
         for i, v in enumerate(res[:len(node.output)]):
-            if v is not None and node.output[i]:
+            if isinstance(v, Value) and node.output[i]:  # (not a sequence / optional)
                 check_size(v.shape, f"output {i} ({node.output[i]!r})")
     except UnsupportedOpError:
         raise

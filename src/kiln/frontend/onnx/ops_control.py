@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 import re
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from ...ir import Graph, Value
 from ...ir.types import TensorType
@@ -306,12 +306,15 @@ def _subgraph_name(node, label: str) -> str:
 
 
 def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[tuple[str, TensorType]],
-                      captures: list[tuple[str, Value]]) -> Graph:
+                      captures: list[tuple[str, Value]],
+                      outputs: Callable[[Graph, list[Any]], list[Value]] | None = None) -> Graph:
     """``graph`` (an If branch, a Loop body) as an IR graph of its own.
 
     Its inputs: ``leading`` (the ONNX graph's own inputs, ``(name, TensorType)``), then one per
-    non-constant capture; constant captures are copied into it. The outer conversion state is
-    restored afterwards, whatever happens.
+    non-constant capture; constant captures are copied into it. ``outputs(sub, values)``, when
+    given, turns the ONNX graph's output values into the IR graph's outputs (it runs while the
+    subgraph is the one being built). The outer conversion state is restored afterwards,
+    whatever happens.
     """
     sub = Graph(_subgraph_name(node, label))
     sub.copy_dims(ctx.graph)
@@ -334,7 +337,7 @@ def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[t
             if vo.name not in env:
                 raise ctx.bad(f"{label} output {vo.name!r} is not computed by the {label}")
             outs.append(env[vo.name])
-        sub.outputs = outs
+        sub.outputs = outs if outputs is None else outputs(sub, outs)
     finally:
         ctx.graph, ctx.env = saved
         ctx.node = node

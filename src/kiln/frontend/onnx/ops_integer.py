@@ -3,9 +3,12 @@
 The quantized ops are decomposed into existing IR ops, each of which has a kernel:
 
 - ``DequantizeLinear``: ``(int32(x) - int32(zero_point)) * scale`` in float32, cast to the
-  output type;
+  output type; a float8 / float4 ``x`` is decoded to float32 instead of int32;
 - ``QuantizeLinear``: ``clip(round(x / scale) + zero_point, qmin, qmax)`` in float32 (round
-  half to even), cast to the quantized type;
+  half to even), cast to the quantized type (int4 / uint4 / int2 / uint2 included); to a float8
+  / float4 type it is ``cast(x / scale + zero_point)`` with the node's ``saturate``, rounding
+  to the nearest even float8 value (the casts to and from the low-precision types are the
+  ``cast`` op's kernels, :mod:`kiln.topi.lowp_cast`);
 - ``MatMulInteger`` / ``ConvInteger``: the zero points are subtracted in int32 and the product
   is an int32 ``matmul`` / ``dense`` / ``conv2d`` (subtracting before padding is the same as
   padding with the zero point);
@@ -27,7 +30,10 @@ from .ops_nn import _matmul as _onnx_matmul
 #: Integer types a QuantizeLinear result may have, with their saturation bounds (exact in float32).
 _QRANGE: dict[str, tuple[int, int]] = {
     "int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535),
+    "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3),
 }
+#: Float types a QuantizeLinear result may have (no rounding to integers; saturate applies to float8).
+_QFLOATS = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn")
 _FLOATS = ("float32", "float16", "bfloat16", "float64")
 
 
@@ -106,10 +112,24 @@ def _qparam(ctx: Context, p: Value, x: Value, axis: int, block_size: int, what: 
     return ctx.reshape(p, tuple(x.shape[ax] if i == ax else 1 for i in range(nd)))
 
 
-def _quantize(ctx: Context, x: Value, scale: Value, zp: Value | None, out_dtype: str) -> Value:
+def _quantize(ctx: Context, x: Value, scale: Value, zp: Value | None, out_dtype: str,
+              saturate: bool = True) -> Value:
     """``saturate(round(x / scale) + zp)`` as ``out_dtype`` (shapes already broadcastable)."""
+    if out_dtype in _QFLOATS:
+        y = ctx.emit1("divide", _f32(ctx, x), _f32(ctx, scale))
+        if zp is not None:
+            zf = _f32(ctx, zp)
+            if out_dtype != "float4_e2m1fn":
+                # A float8 zero point is 0 (ONNX); adding -0.0 in its place keeps the sign of a
+                # -0 quotient, as ONNX's reference (which leaves the float8 zero point out) does.
+                zero = ctx.const(np.array(0.0, np.float32))
+                zf = ctx.emit1("where", ctx.emit1("equal", zf, zero), ctx.const(np.array(-0.0, np.float32)), zf)
+            y = ctx.emit1("add", y, zf)
+        if saturate:
+            return ctx.cast(y, out_dtype)
+        return ctx.emit1("cast", y, dtype=out_dtype, saturate=False)
     if out_dtype not in _QRANGE:
-        raise ctx.unsupported(f"quantizing to {out_dtype} (supported: {', '.join(_QRANGE)})")
+        raise ctx.unsupported(f"quantizing to {out_dtype} (supported: {', '.join((*_QRANGE, *_QFLOATS))})")
     lo, hi = _QRANGE[out_dtype]
     y = ctx.emit1("round", ctx.emit1("divide", _f32(ctx, x), _f32(ctx, scale)))
     if zp is not None:
@@ -134,24 +154,27 @@ def _quantize_linear(ctx: Context, node, ins, attrs):
     scale = _qparam(ctx, scale, x, axis, block, "y_scale")
     if zp is not None:
         zp = _qparam(ctx, zp, x, axis, block, "y_zero_point")
-    return _quantize(ctx, x, scale, zp, out_dtype)
+    return _quantize(ctx, x, scale, zp, out_dtype, saturate=bool(int(attrs.get("saturate", 1))))
 
 
 @onnx_op("DequantizeLinear")
 def _dequantize_linear(ctx: Context, node, ins, attrs):
     x, scale = ins[0], ins[1]
     zp = ins[2] if len(ins) > 2 else None
-    _require(ctx, x, "input x", ("int8", "uint8", "int16", "uint16", "int32"))
+    _require(ctx, x, "input x", (*_QRANGE, "int32", *_QFLOATS))
     _require(ctx, scale, "x_scale", _FLOATS)
     if zp is not None and zp.dtype != x.dtype:
         raise ctx.bad(f"x_zero_point has type {zp.dtype} but x has {x.dtype}; they must match")
     out_dtype = onnx_dtype(attrs["output_dtype"]) if attrs.get("output_dtype", 0) else scale.dtype
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
     scale = _qparam(ctx, scale, x, axis, block, "x_scale")
-    q = ctx.cast(x, "int32")
+    # float8 / float4 values decode exactly to float32; integers (up to 16 bits) go through int32
+    wide = "float32" if x.dtype in _QFLOATS else "int32"
+    q = ctx.cast(x, wide)
     if zp is not None:
-        # Exact in int32 for every 8/16-bit input; int32 inputs have no zero point.
-        q = ctx.emit1("subtract", q, ctx.cast(_qparam(ctx, zp, x, axis, block, "x_zero_point"), "int32"))
+        # Exact in int32 for every 8/16-bit input; int32 inputs have no zero point. A float8
+        # zero point is 0 (ONNX), and x - 0 is x exactly (-0 included).
+        q = ctx.emit1("subtract", q, ctx.cast(_qparam(ctx, zp, x, axis, block, "x_zero_point"), wide))
     y = ctx.emit1("multiply", _f32(ctx, q), _f32(ctx, scale))
     return ctx.cast(y, out_dtype)
 

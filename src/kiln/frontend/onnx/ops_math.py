@@ -165,16 +165,28 @@ def _clip(ctx: Context, node, ins, attrs):
     return x
 
 
+def _emit_cast(ctx: Context, x, dtype: str, attrs):
+    """ONNX Cast / CastLike: ``saturate`` (opset 19+, float8 destinations) and ``round_mode``
+    (opset 24+, float8e8m0 destinations) only matter for the low-precision types."""
+    saturate = bool(int(attrs.get("saturate", 1)))
+    round_mode = str(attrs.get("round_mode", "up"))
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.bad(f"round_mode must be 'up', 'down' or 'nearest', got {round_mode!r}")
+    if not (saturate and round_mode == "up"):
+        return ctx.emit1("cast", x, dtype=dtype, saturate=saturate, round_mode=round_mode)
+    return ctx.emit1("cast", x, dtype=dtype)
+
+
 @onnx_op("Cast")
 def _cast(ctx: Context, node, ins, attrs):
     from .converter import onnx_dtype
 
-    return ctx.emit1("cast", ins[0], dtype=onnx_dtype(attrs["to"]))
+    return _emit_cast(ctx, ins[0], onnx_dtype(attrs["to"]), attrs)
 
 
 @onnx_op("CastLike")
 def _cast_like(ctx: Context, node, ins, attrs):
-    return ctx.emit1("cast", ins[0], dtype=ins[1].dtype)
+    return _emit_cast(ctx, ins[0], ins[1].dtype, attrs)
 
 
 @onnx_op("Where")

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ...ir import Value
+from ..volumetric import conv3d, conv_transpose3d, pool3d
 from .converter import Context, onnx_op
 
 
@@ -70,8 +71,6 @@ def _conv(ctx: Context, node, ins, attrs):
     kernel = tuple(attrs.get("kernel_shape", w.shape[2:]))
     strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, "Conv")
     if nd == 3:
-        from .ops_recurrent import conv3d
-
         y = conv3d(ctx, x, w, strides, dil, pads, attrs.get("group", 1))
         return y if b is None else ctx.emit1("bias_add", y, b, axis=1)
     if nd == 1:
@@ -123,7 +122,7 @@ def _conv_transpose(ctx: Context, node, ins, attrs):
         raise ctx.bad(f"kernel_shape {kernel}, strides {strides}, dilations {dil}, "
                       f"output_padding {outpad} and pads {pads} do not match a {nd}-D kernel")
     if nd == 3:
-        y = _conv_transpose3d(ctx, x, w, strides, dil, pads, outpad, attrs.get("group", 1))
+        y = conv_transpose3d(ctx, x, w, strides, dil, pads, outpad, attrs.get("group", 1))
         return y if b is None else ctx.emit1("bias_add", y, b, axis=1)
     if nd == 1:
         x, w = _lift_1d(ctx, x), ctx.reshape(w, w.shape[:2] + (1,) + w.shape[2:])
@@ -135,56 +134,6 @@ def _conv_transpose(ctx: Context, node, ins, attrs):
     if nd == 1:
         y = ctx.reshape(y, y.shape[:2] + y.shape[3:])
     return y
-
-
-def _conv_transpose3d(ctx: Context, x: Value, w: Value, strides: tuple, dil: tuple, pads: tuple,
-                      outpad: tuple, groups: int) -> Value:
-    """3-D transposed convolution from one 2-D transposed convolution plus depth scatter.
-
-    Depth slices become batch items and the depth taps become extra output channels, so one
-    ``conv2d_transpose`` computes every (input slice, depth tap) contribution over (H, W). The
-    contribution of input slice ``d`` and tap ``k`` lands on output depth ``d * sd + k * dd``:
-    per tap, a zero-interleave (pad + reshape) spreads the slices ``sd`` apart and a pad shifts
-    them by ``k * dd``; the taps are summed, then the depth padding is cropped.
-    """
-    n, c, d, h, wd = x.shape
-    if w.type.ndim != 5 or w.shape[0] != c:
-        raise ctx.bad(f"weight shape {w.shape} does not match a 3-D ConvTranspose of input "
-                      f"{x.shape} (expected ({c}, C_out / group, kD, kH, kW))")
-    _, og, kd, kh, kw = w.shape
-    (sd, sh, sw), (dd, dh, dw) = strides, dil
-    pd0, ph0, pw0, pd1, ph1, pw1 = pads
-    opd, oph, opw = outpad
-    xs = ctx.reshape(ctx.emit1("transpose", x, axes=(0, 2, 1, 3, 4)), (n * d, c, h, wd))
-    w2 = ctx.reshape(w, (c, og * kd, kh, kw))  # channel o * kd + k: (out channel, depth tap)
-    y2 = ctx.emit1("conv2d_transpose", xs, w2, strides=(sh, sw), dilation=(dh, dw),
-                   padding=(ph0, pw0, ph1, pw1), output_padding=(oph, opw), groups=groups)
-    oh, ow = y2.shape[2:]
-    m = groups * og * oh * ow
-    y2 = ctx.reshape(y2, (n, d, groups * og, kd, oh * ow))
-    full = sd * (d - 1) + (kd - 1) * dd + 1 + opd
-    spread = (d - 1) * sd + 1
-    acc = None
-    for k in range(kd):
-        t = ctx.emit1("strided_slice", y2, begin=(k,), end=(k + 1,), strides=(1,), axes=(3,))
-        t = ctx.reshape(t, (n, d, 1, m))
-        if sd > 1:
-            t = ctx.emit1("pad", t, pad_width=((0, 0), (0, 0), (0, sd - 1), (0, 0)))
-            t = ctx.reshape(t, (n, d * sd, m))
-            t = ctx.emit1("strided_slice", t, begin=(0,), end=(spread,), strides=(1,),
-                          axes=(1,))
-        else:
-            t = ctx.reshape(t, (n, d, m))
-        t = ctx.emit1("pad", t, pad_width=((0, 0), (k * dd, full - k * dd - spread), (0, 0)))
-        acc = t if acc is None else ctx.emit1("add", acc, t)
-    od = full - pd0 - pd1
-    if od <= 0:
-        raise ctx.bad(f"transposed conv output depth would be empty ({od})")
-    if pd0 or pd1:
-        acc = ctx.emit1("strided_slice", acc, begin=(pd0,), end=(full - pd1,), strides=(1,),
-                        axes=(1,))
-    y = ctx.reshape(acc, (n, od, groups * og, oh, ow))
-    return ctx.emit1("transpose", y, axes=(0, 2, 1, 3, 4))
 
 
 # ----------------------------------------------------------------------------- gemm / matmul
@@ -343,8 +292,9 @@ def _pool(ctx: Context, node, ins, attrs):
     if want_indices and nd == 3:
         raise ctx.unsupported("the Indices output of a 3-D MaxPool (1-D and 2-D are supported)")
     if nd == 3:
-        return [_pool3d(ctx, node.op_type, x, kernel, strides, dil, pads, ceil,
-                        bool(attrs.get("count_include_pad", 0)))]
+        kind = "max" if node.op_type == "MaxPool" else "avg"
+        return [pool3d(ctx, kind, x, kernel, strides, dil, pads, ceil,
+                       bool(attrs.get("count_include_pad", 0)))]
     if nd == 1:
         x = _lift_1d(ctx, x)
     common = dict(pool_size=_to2d(kernel, nd, 1), strides=_to2d(strides, nd, 1),
@@ -399,28 +349,6 @@ def _max_pool_indices(ctx: Context, x: Value, out_hw: tuple[int, int], win: dict
     flat = ctx.reshape(ctx.emit1("gather_elements", table, tap, axis=4), (n, c, oh, ow))
     base = (np.arange(n * c, dtype=np.int64) * (h * w)).reshape(n, c, 1, 1)
     return ctx.emit1("add", flat, ctx.const(base))
-
-
-def _pool3d(ctx: Context, op_type: str, x: Value, kernel: tuple, strides: tuple, dil: tuple,
-            pads: tuple, ceil: bool, count_include_pad: bool) -> Value:
-    """3-D pooling as two 2-D pools: over (H, W) with D folded into the channels, then over D.
-
-    A box window is separable. For max that is plain associativity; for average, every D slice
-    of one output's window has the same (H, W) cell count (per-dim counts depend only on the
-    output index along that dim), so the mean of the per-slice means is the mean over the box,
-    with the same in-bounds / count_include_pad divisor. ceil_mode is decided per dim too.
-    """
-    n, c, d, h, w = x.shape
-    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = kernel, strides, dil
-    pd0, ph0, pw0, pd1, ph1, pw1 = pads
-    op = "max_pool2d" if op_type == "MaxPool" else "avg_pool2d"
-    extra = {} if op_type == "MaxPool" else {"count_include_pad": count_include_pad}
-    hw = ctx.emit1(op, ctx.reshape(x, (n, c * d, h, w)), pool_size=(kh, kw), strides=(sh, sw),
-                   dilation=(dh, dw), padding=(ph0, pw0, ph1, pw1), ceil_mode=ceil, **extra)
-    oh, ow = hw.shape[2:]
-    y = ctx.emit1(op, ctx.reshape(hw, (n, c, d, oh * ow)), pool_size=(kd, 1), strides=(sd, 1),
-                  dilation=(dd, 1), padding=(pd0, 0, pd1, 0), ceil_mode=ceil, **extra)
-    return ctx.reshape(y, (n, c, y.shape[2], oh, ow))
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")

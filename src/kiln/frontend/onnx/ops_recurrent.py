@@ -1,4 +1,7 @@
-"""ONNX converters: Recurrent and volumetric ops (RNN, GRU, LSTM, 3-D convolution and pooling, RoiAlign).
+"""ONNX converters: Recurrent ops (RNN, GRU, LSTM) and RoiAlign.
+
+3-D convolution and pooling live in :mod:`kiln.frontend.volumetric` (shared with the torch
+frontend); ``ops_nn`` calls them.
 
 RNN, GRU and LSTM are unrolled over time into existing IR ops: the sequence length is static at
 build time, so each step becomes a few small ``dense`` / elementwise nodes that the fuser merges.
@@ -283,69 +286,6 @@ def _recurrent(ctx: Context, node: Any, ins: list, attrs: dict) -> list:
 def _rows(ctx: Context, w: Value, lo: int, hi: int) -> Value:
     """Rows ``[lo, hi)`` of a (G * H, K) weight matrix."""
     return ctx.emit1("strided_slice", w, begin=(lo,), end=(hi,), strides=(1,), axes=(0,))
-
-
-# ----------------------------------------------------------------------------- 3-D convolution
-def conv3d(ctx: Context, x: Value, w: Value, strides: tuple[int, ...], dilations: tuple[int, ...],
-           pads: tuple[int, ...], groups: int) -> Value:
-    """3-D convolution (NCDHW data, OIDHW weight) as one ``conv2d`` over depth-stacked taps.
-
-    Parameters
-    ----------
-    ctx : Context
-        The converter context.
-    x, w : Value
-        Data (N, C, D, H, W) and weight (O, C / groups, kD, kH, kW).
-    strides, dilations : tuple of int
-        Per spatial dim (D, H, W).
-    pads : tuple of int
-        ONNX order: D, H, W begins, then D, H, W ends.
-    groups : int
-        Channel groups.
-
-    Returns
-    -------
-    Value
-        (N, O, OD, OH, OW), without bias.
-
-    Notes
-    -----
-    Every output depth slice ``od`` is a 2-D convolution of the ``kD`` input slices
-    ``od * sD + k * dD`` (k = 0 .. kD - 1) stacked as channels. The input slices for all
-    ``od`` are gathered into a (N * OD, groups * kD * C / groups, H, W) batch (one injective
-    copy, kD times the input), the weight is permuted to (O, kD * C / groups, kH, kW) to match
-    that channel order, and a single ``conv2d`` with the tuned 2-D kernels does the rest.
-    """
-    if x.type.ndim != 5 or w.type.ndim != 5:
-        raise ctx.bad(f"3-D Conv needs 5-D data and weight, got {x.shape} and {w.shape}")
-    n, c, d, h, wd = x.shape
-    o, cg, kd, kh, kw = w.shape
-    if groups < 1 or c % groups or o % groups or cg * groups != c:
-        raise ctx.bad(f"weight {w.shape} does not match input {x.shape} with group={groups} "
-                      f"(expected (O, C / group, kD, kH, kW), O and C divisible by group)")
-    (sd, sh, sw), (dd, dh, dw) = strides, dilations
-    pd0, ph0, pw0, pd1, ph1, pw1 = pads
-    od = (d + pd0 + pd1 - (kd - 1) * dd - 1) // sd + 1
-    if od <= 0:
-        raise ctx.bad(f"output depth would be empty: input depth {d}, pads ({pd0}, {pd1}), "
-                      f"kernel depth {kd}, dilation {dd}")
-    xt = ctx.emit1("transpose", x, axes=(0, 2, 1, 3, 4))  # (N, D, C, H, W)
-    if pd0 or pd1:
-        xt = ctx.emit1("pad", xt, pad_width=((0, 0), (pd0, pd1), (0, 0), (0, 0), (0, 0)))
-    taps = []
-    for k in range(kd):
-        s = ctx.emit1("strided_slice", xt, begin=(k * dd,), end=(k * dd + (od - 1) * sd + 1,),
-                      strides=(sd,), axes=(1,))
-        # groups > 1: the taps go inside each group's channel block; with one group they are
-        # concatenated as they are (no reshape in between, so slices and concat fuse).
-        taps.append(s if groups == 1 else ctx.reshape(s, (n, od, groups, 1, cg, h, wd)))
-    stacked = taps[0] if kd == 1 else ctx.emit1("concatenate", *taps, axis=2 if groups == 1 else 3)
-    xs = ctx.reshape(stacked, (n * od, groups * kd * cg, h, wd))
-    w2 = ctx.reshape(ctx.emit1("transpose", w, axes=(0, 2, 1, 3, 4)), (o, kd * cg, kh, kw))
-    y = ctx.emit1("conv2d", xs, w2, strides=(sh, sw), dilation=(dh, dw), padding=(ph0, pw0, ph1, pw1),
-                  groups=groups)
-    oh, ow = y.shape[2:]
-    return ctx.emit1("transpose", ctx.reshape(y, (n, od, o, oh, ow)), axes=(0, 2, 1, 3, 4))
 
 
 # ----------------------------------------------------------------------------- RoiAlign

@@ -4,8 +4,10 @@ Owns what torchvision's classification and segmentation models need beyond :mod:
 Imports only ``kiln.ir`` / ``kiln.runtime`` and :mod:`.converter`, never ``torch``.
 
 1-D convolutions and poolings are expressed as 2-D ones with H = 1 (the IR convention);
-3-D ones are not supported. ``adaptive_avg_pool2d`` becomes a ``reduce_mean`` (1x1 output), an
-``avg_pool2d`` (sizes that divide) or two ``matmul`` s with constant averaging matrices (any
+3-D ones (video models: torchvision's r3d_18, mc3_18, r2plus1d_18) go through the 2-D
+decompositions shared with the ONNX frontend in :mod:`kiln.frontend.volumetric`.
+``adaptive_avg_pool2d`` / ``3d`` become a ``reduce_mean`` (1x1 output), an average pooling
+(sizes that divide) or ``matmul`` s with constant averaging matrices, one per pooled dim (any
 other size: torch's bins overlap then, which no single pooling window expresses).
 """
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from ...ir import Value
 from ...ir.types import np_dtype
+from ..volumetric import conv3d, conv_transpose3d, pool3d
 from .converter import Args, Context, aten_op
 
 __all__: list[str] = []
@@ -43,8 +46,8 @@ def _to_2d(ctx: Context, x: Value, spatial: int) -> Value:
 def _convolution(ctx: Context, node: Any, a: Args) -> Value:
     x, w, b = a["input"], a["weight"], a["bias"]
     spatial = w.type.ndim - 2
-    if spatial not in (1, 2):
-        raise ctx.unsupported(f"{spatial}-D convolution (1-D and 2-D are supported)")
+    if spatial not in (1, 2, 3):
+        raise ctx.unsupported(f"{spatial}-D convolution (1-D, 2-D and 3-D are supported)")
     unbatched = x.type.ndim == spatial + 1
     if unbatched:
         x = ctx.reshape(x, (1,) + x.shape)
@@ -53,6 +56,15 @@ def _convolution(ctx: Context, node: Any, a: Args) -> Value:
     dil = _pair(a["dilation"], spatial, "dilation")
     groups = int(a["groups"])
     transposed = bool(a["transposed"])
+    if spatial == 3:
+        if transposed:
+            outp = _pair(a["output_padding"], 3, "output_padding")
+            y = conv_transpose3d(ctx, x, w, stride, dil, pad + pad, outp, groups)
+        else:
+            y = conv3d(ctx, x, w, stride, dil, pad + pad, groups)
+        if b is not None:
+            y = ctx.emit1("bias_add", y, b, axis=1)
+        return ctx.reshape(y, ctx.out_shape())
     if spatial == 1:
         x = _to_2d(ctx, x, 1)
         w = ctx.reshape(w, w.shape[:2] + (1,) + w.shape[2:])
@@ -127,6 +139,9 @@ def _max_pool(ctx: Context, a: Args, spatial: int) -> Value:
     x = _to_2d(ctx, x, spatial)
     k, stride, pad = _pool_args(ctx, a, spatial)
     dil = _pair(a["dilation"], spatial, "dilation")
+    if spatial == 3:
+        y = pool3d(ctx, "max", x, k, stride, dil, pad + pad, bool(a["ceil_mode"]))
+        return ctx.reshape(y, ctx.out_shape())
     if spatial == 1:
         dil = (1,) + dil
     y = ctx.emit1("max_pool2d", x, pool_size=k, strides=stride,
@@ -150,17 +165,48 @@ def _max_pool1d(ctx: Context, node: Any, a: Args) -> Value:
     return _max_pool(ctx, a, 1)
 
 
+@aten_op("aten.max_pool3d_with_indices.default")
+def _max_pool3d_indices(ctx: Context, node: Any, a: Args) -> list[Value | None]:
+    # The indices are not computed: a program that uses them (max_unpool3d, an output) fails
+    # at that getitem with an UnsupportedOpError naming this node's output 1.
+    return [_max_pool(ctx, a, 3), None]
+
+
+@aten_op("aten.max_pool3d.default")
+def _max_pool3d(ctx: Context, node: Any, a: Args) -> Value:
+    return _max_pool(ctx, a, 3)
+
+
 def _avg_pool(ctx: Context, a: Args, spatial: int) -> Value:
     x = a["self"]
     if x.type.ndim == spatial + 1:
         x = ctx.reshape(x, (1,) + x.shape)
     x = _to_2d(ctx, x, spatial)
     k, stride, pad = _pool_args(ctx, a, spatial)
-    if a.get("divisor_override") is not None:
-        raise ctx.unsupported("avg_pool divisor_override")
-    y = ctx.emit1("avg_pool2d", x, pool_size=k, strides=stride,
-                  padding=(pad[0], pad[1], pad[0], pad[1]), ceil_mode=bool(a["ceil_mode"]),
-                  count_include_pad=bool(a["count_include_pad"]))
+    ceil, include_pad = bool(a["ceil_mode"]), bool(a["count_include_pad"])
+    divisor = a.get("divisor_override")
+    if divisor is not None:
+        divisor = int(divisor)
+        if divisor == 0:
+            raise ctx.bad("avg_pool divisor_override must be non-zero, got 0")
+        # sum / divisor = mean-with-padding * (window size / divisor), exact while every window
+        # lies inside the padded input; a ceil_mode partial window has a smaller divisor.
+        floor_out = tuple((n + 2 * p - kk) // s + 1
+                          for n, p, kk, s in zip(x.shape[2:], pad, k, stride))
+        if ceil and tuple(ctx.out_shape()[-spatial:]) != floor_out[-spatial:]:
+            raise ctx.unsupported("avg_pool divisor_override with a partial ceil_mode window "
+                                  "(use ceil_mode=False or a size the windows tile)")
+        include_pad = True
+    if spatial == 3:
+        y = pool3d(ctx, "avg", x, k, stride, (1, 1, 1), pad + pad, ceil, include_pad)
+    else:
+        y = ctx.emit1("avg_pool2d", x, pool_size=k, strides=stride,
+                      padding=(pad[0], pad[1], pad[0], pad[1]), ceil_mode=ceil,
+                      count_include_pad=include_pad)
+    if divisor is not None:
+        scale = float(np.prod(k)) / divisor
+        if scale != 1.0:
+            y = ctx.emit1("multiply", y, ctx.scalar(scale, y))
     return ctx.reshape(y, ctx.out_shape())
 
 
@@ -172,6 +218,11 @@ def _avg_pool2d(ctx: Context, node: Any, a: Args) -> Value:
 @aten_op("aten.avg_pool1d.default")
 def _avg_pool1d(ctx: Context, node: Any, a: Args) -> Value:
     return _avg_pool(ctx, a, 1)
+
+
+@aten_op("aten.avg_pool3d.default")
+def _avg_pool3d(ctx: Context, node: Any, a: Args) -> Value:
+    return _avg_pool(ctx, a, 3)
 
 
 def _adaptive_matrix(n_in: int, n_out: int, dtype: Any) -> np.ndarray:
@@ -199,6 +250,37 @@ def _adaptive_avg_pool2d(ctx: Context, node: Any, a: Args) -> Value:
     dt = np_dtype(x.dtype)
     # Overlapping bins: y = Mh @ x @ Mw^T with constant averaging matrices.
     y = ctx.emit1("matmul", ctx.const(_adaptive_matrix(h, oh, dt)), x) if oh != h else x
+    if ow != w:
+        y = ctx.emit1("matmul", y, ctx.const(np.ascontiguousarray(_adaptive_matrix(w, ow, dt).T)))
+    return y
+
+
+@aten_op("aten._adaptive_avg_pool3d.default", "aten.adaptive_avg_pool3d.default")
+def _adaptive_avg_pool3d(ctx: Context, node: Any, a: Args) -> Value:
+    x = a["self"]
+    if x.type.ndim not in (4, 5):
+        raise ctx.bad(f"adaptive_avg_pool3d needs (C, D, H, W) or (N, C, D, H, W) input, got "
+                      f"{x.shape}")
+    out = _pair(a["output_size"], 3, "output_size")
+    lead, (d, h, w) = x.shape[:-3], x.shape[-3:]
+    od, oh, ow = out
+    if out == (d, h, w):
+        return x
+    if out == (1, 1, 1):
+        return ctx.emit1("reduce_mean", x, axes=tuple(range(x.type.ndim - 3, x.type.ndim)),
+                         keepdims=True)
+    if x.type.ndim == 5 and d % od == 0 and h % oh == 0 and w % ow == 0:
+        k = (d // od, h // oh, w // ow)
+        return pool3d(ctx, "avg", x, k, k, (1, 1, 1), (0,) * 6, False)
+    # Overlapping bins: the box mean is separable, one constant averaging matrix per dim.
+    dt = np_dtype(x.dtype)
+    y = x
+    if od != d:
+        y = ctx.emit1("matmul", ctx.const(_adaptive_matrix(d, od, dt)),
+                      ctx.reshape(y, lead + (d, h * w)))
+        y = ctx.reshape(y, lead + (od, h, w))
+    if oh != h:
+        y = ctx.emit1("matmul", ctx.const(_adaptive_matrix(h, oh, dt)), y)
     if ow != w:
         y = ctx.emit1("matmul", y, ctx.const(np.ascontiguousarray(_adaptive_matrix(w, ow, dt).T)))
     return y

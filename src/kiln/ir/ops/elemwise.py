@@ -8,8 +8,9 @@ import numpy as np
 
 from ...runtime.errors import InputError
 from ..op import REQUIRED, OpPattern, register_op
-from ..types import TensorType, np_dtype
+from ..types import LOW_PRECISION_DTYPES, TensorType, np_dtype
 from ._util import Attrs, broadcast_shapes, norm_axis, require_float, same_dtype
+from .lowp_ref import cast_low_precision
 
 try:  # scipy is optional; math.erf is exact but slower
     from scipy.special import erf as _erf_impl
@@ -314,13 +315,20 @@ register_op("gelu", attrs={"approximate": ("str", "none")}, type_rel=_float_unar
 register_op("clip", attrs={"a_min": ("float", None), "a_max": ("float", None)},
             type_rel=_numeric_unary_rel, pattern=E, ref=_r1(_clip),
             doc="min(max(x, a_min), a_max); None = unbounded", inputs=("data",))
-register_op("cast", attrs={"dtype": ("dtype", REQUIRED)}, type_rel=_cast_rel, pattern=E,
-            ref=_r1(lambda x, a: _cast(x, a["dtype"])),
-            doc="convert to dtype (float->int truncates toward zero, ->bool is x != 0)",
+register_op("cast", attrs={"dtype": ("dtype", REQUIRED), "saturate": ("bool", True), "round_mode": ("str", "up")},
+            type_rel=_cast_rel, pattern=E,
+            ref=_r1(lambda x, a: _cast(x, a["dtype"], a["saturate"], a["round_mode"])),
+            doc="convert to dtype (float->int truncates toward zero, ->bool is x != 0); to or from a "
+                "low-precision type (float8, float4, int4, ...) with ONNX Cast's rules: saturate (float8) "
+                "and round_mode (float8_e8m0fnu) as ONNX Cast's attributes",
             inputs=("data",))
 
 
-def _cast(x: np.ndarray, dtype: str) -> np.ndarray:
+def _cast(x: np.ndarray, dtype: str, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
+    if dtype in LOW_PRECISION_DTYPES or x.dtype.name in LOW_PRECISION_DTYPES:
+        if x.dtype.name == dtype:
+            return x.copy()
+        return cast_low_precision(x, dtype, saturate, round_mode)
     dt = np_dtype(dtype)
     with np.errstate(all="ignore"):
         if dtype == "bool":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.dtype import bits as dtype_bits
+from ...runtime.dtype import dl_bits as dtype_bits  # element bits: int4 is 4 (stored in a byte)
 from ...runtime.errors import InputError
 from ..op import REQUIRED, OpPattern, register_op
 from ..types import INT_DTYPES, TensorType, np_dtype

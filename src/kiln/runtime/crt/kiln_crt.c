@@ -250,7 +250,12 @@ __attribute__((visibility("hidden"))) const char* KilnDTypeText(uint8_t code, ui
                                                                size_t n) {
   const char* base = code == 0 ? "int" : code == 1 ? "uint" : code == 2 ? "float" : code == 4 ? "bfloat"
                    : code == 6 ? "bool" : "code";
-  if (code == 6) snprintf(buf, n, "bool");
+  /* DLPack's float8 / float4 codes name their format; Kiln stores each element in one byte */
+  const char* small = code == 10 ? "float8_e4m3fn" : code == 11 ? "float8_e4m3fnuz" : code == 12 ? "float8_e5m2"
+                    : code == 13 ? "float8_e5m2fnuz" : code == 14 ? "float8_e8m0fnu" : code == 17 ? "float4_e2m1fn"
+                    : NULL;
+  if (small && lanes == 1) snprintf(buf, n, "%s", small);
+  else if (code == 6) snprintf(buf, n, "bool");
   else if (lanes != 1) snprintf(buf, n, "%s%dx%d", base, bits, lanes);
   else snprintf(buf, n, "%s%d", base, bits);
   return buf;

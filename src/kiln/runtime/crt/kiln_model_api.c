@@ -10,6 +10,15 @@
  *
  * Everything read from a file or the blob is bounds-checked; a failure sets the thread's last
  * error (KilnGetLastError) naming what was wrong and returns a KilnStatus, never aborts.
+ *
+ * Dynamic dimensions (docs/c_api.md "Dynamic shapes"), as kiln.runtime.dynamic_shapes does it:
+ * storage stays planned for the upper bounds (the padded layout: an entry of actual shape a holds
+ * its data in the sub-box [0:a0, 0:a1, ...], strides never change). Setting an input checks its
+ * shape against the symbols' ranges, takes the symbols' values from it and copies the data into
+ * the sub-box; a run first checks that the inputs agree on every symbol, then -- only when a symbol
+ * changed -- evaluates every symbolic dim (the tables' eval_dims) and writes the actual shapes into
+ * the entries' DLTensors, from which the kernels read their extents. The 1-D `flat` twins keep the
+ * padded element count, as in the Python executor.
  */
 #define _GNU_SOURCE
 #include <kiln/kiln_model_desc.h>
@@ -39,6 +48,16 @@ struct KilnModel {
   int32_t* codes;
   KilnOpCall* calls;      /* per op (a copy's slot is unused) */
   uint8_t* input_set;     /* per input */
+  /* dynamic dimensions (desc->num_symbols > 0; all NULL otherwise) */
+  int64_t* shapes;        /* every entry's actual dims, laid out as desc->shapes; the DLTensors' shape arrays */
+  int64_t* strides;       /* padded-layout strides (of the upper bounds) of the dynamic entries */
+  int64_t* sym;           /* symbol values, as the inputs last set them */
+  int64_t* applied;       /* symbol values `shapes` were computed for */
+  int32_t* sym_from;      /* per symbol: the input that last gave its value */
+  int64_t* dim_values;    /* per dim expression, scratch of eval_dims */
+  int64_t* in_shapes;     /* the shape each input was set with ... */
+  int32_t* in_shape_at;   /* ... starting here in in_shapes */
+  int dirty;              /* an input was set since the shapes were last checked */
 };
 
 KILN_DLL int32_t KilnModelAPIVersion(void) { return KILN_MODEL_API_VERSION; }
@@ -78,6 +97,116 @@ static int64_t le_i64(const uint8_t* p) {
 }
 
 static const char* dtype_text(DLDataType t, char* buf, size_t n) { return KilnDTypeText(t.code, t.bits, 1, buf, n); }
+
+/* ---------------- dynamic dimensions: helpers ---------------- */
+static size_t item_bytes(DLDataType t) { return ((size_t)t.bits * (t.lanes ? t.lanes : 1) + 7) / 8; }
+
+/* The expression giving dim k of entry e, or -1 for a static dim. */
+static int32_t dim_expr(const KilnModelDesc* d, const KilnEntryDesc* e, int32_t k) {
+  return d->dim_expr ? d->dim_expr[e->shape_offset + k] : -1;
+}
+
+static int entry_dynamic(const KilnModelDesc* d, const KilnEntryDesc* e) {
+  for (int32_t k = 0; k < e->ndim; ++k)
+    if (dim_expr(d, e, k) >= 0) return 1;
+  return 0;
+}
+
+/* An entry's dims as the graph writes them: "(batch, 16)". */
+static const char* dims_text(const KilnModelDesc* d, const KilnEntryDesc* e, char* buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "(");
+  for (int32_t i = 0; i < e->ndim && k < n; ++i) {
+    int32_t x = dim_expr(d, e, i);
+    if (x >= 0) k += (size_t)snprintf(buf + k, n - k, i ? ", %s" : "%s", d->dim_exprs[x].text);
+    else k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)d->shapes[e->shape_offset + i]);
+  }
+  if (k < n) snprintf(buf + k, n - k, e->ndim == 1 ? ",)" : ")");
+  return buf;
+}
+
+/* Copies between compact row-major data of shape a and the padded layout of upper-bound shape u
+ * (row-major; the valid data is the sub-box [0:a0, 0:a1, ...]): compact -> padded when
+ * to_padded, else back. The trailing dims that are whole move as one block per outer index. */
+static void box_copy(char* padded, char* compact, const int64_t* a, const int64_t* u, int32_t ndim, size_t item,
+                     int to_padded) {
+  size_t run = item, stride[64];
+  int64_t idx[64];
+  int32_t k = ndim - 1;
+  for (; k >= 0 && a[k] == u[k]; --k) run *= (size_t)u[k];
+  if (k >= 0) run *= (size_t)a[k];
+  for (int32_t i = 0; i < k; ++i)
+    if (a[i] == 0) return;
+  if (run == 0 || ndim > 64) return;
+  size_t s = item, off = 0;
+  for (int32_t i = ndim - 1; i >= 0; --i) {
+    stride[i] = s;
+    s *= (size_t)u[i];
+    idx[i] = 0;
+  }
+  for (;;) {
+    if (to_padded) memcpy(padded + off, compact, run);
+    else memcpy(compact, padded + off, run);
+    compact += run;
+    int32_t i = k - 1;
+    for (; i >= 0 && ++idx[i] == a[i]; --i) {
+      off -= (size_t)(a[i] - 1) * stride[i];
+      idx[i] = 0;
+    }
+    if (i < 0) break;
+    off += stride[i];
+  }
+}
+
+/* Evaluate every dim expression at the current symbol values; check that each dynamic input's
+ * shape is what they make it (the inputs agree); then, if a symbol changed, write every entry's
+ * actual dims (never past the planned upper bound). Called with the lock held (or before the
+ * instance is shared). */
+static int32_t update_shapes(KilnModel* m, const char* fn, int check_inputs) {
+  const KilnModelDesc* d = m->desc;
+  d->eval_dims(m->sym, m->dim_values);
+  for (int32_t i = 0; i < d->num_inputs && check_inputs; ++i) {
+    const KilnEntryDesc* e = &d->entries[d->inputs[i].entry];
+    const int64_t* given = m->in_shapes + m->in_shape_at[i];
+    int64_t want[64];
+    char why[320], a[160], b[160];
+    size_t n = 0;
+    why[0] = 0;
+    for (int32_t k = 0; k < e->ndim && k < 64; ++k) {
+      int32_t x = dim_expr(d, e, k);
+      want[k] = x >= 0 ? m->dim_values[x] : d->shapes[e->shape_offset + k];
+      if (x < 0 || want[k] == given[k] || n >= sizeof why) continue;
+      const KilnDimExprDesc* ex = &d->dim_exprs[x];
+      n += (size_t)snprintf(why + n, sizeof why - n, "%s%s = %lld (from input '%s')", n ? ", " : "", ex->text,
+                            (long long)want[k], d->inputs[m->sym_from[ex->symbol]].name);
+    }
+    if (why[0])
+      return FAIL(KILN_ERR_SHAPE, "%s: inconsistent input shapes: input '%s' has shape %s, but %s makes it %s", fn,
+                  d->inputs[i].name, KilnShapeText(e->ndim, given, a, sizeof a), why,
+                  KilnShapeText(e->ndim, want, b, sizeof b));
+  }
+  m->dirty = 0;
+  if (memcmp(m->sym, m->applied, sizeof(int64_t) * (size_t)d->num_symbols) == 0) return KILN_OK;
+  for (int32_t eid = 0; eid < d->num_entries; ++eid) {
+    const KilnEntryDesc* e = &d->entries[eid];
+    for (int32_t k = 0; k < e->ndim; ++k) {
+      int32_t x = dim_expr(d, e, k);
+      if (x < 0) continue;
+      int64_t v = m->dim_values[x], hi = d->shapes[e->shape_offset + k];
+      if (v < 0 || v > hi)
+        return FAIL(KILN_ERR_SHAPE, "%s: dim %d of graph entry %d, %s, is %lld, outside 0..%lld (its planned "
+                    "storage)", fn, (int)k, (int)eid, d->dim_exprs[x].text, (long long)v, (long long)hi);
+    }
+  }
+  for (int32_t eid = 0; eid < d->num_entries; ++eid) {
+    const KilnEntryDesc* e = &d->entries[eid];
+    for (int32_t k = 0; k < e->ndim; ++k) {
+      int32_t x = dim_expr(d, e, k);
+      if (x >= 0) m->shapes[e->shape_offset + k] = m->dim_values[x];
+    }
+  }
+  memcpy(m->applied, m->sym, sizeof(int64_t) * (size_t)d->num_symbols);
+  return KILN_OK;
+}
 
 /* ---------------- params (docs/params_format.md) ---------------- */
 static int32_t find_param(const KilnModelDesc* d, const char* name, uint64_t len) {
@@ -257,6 +386,14 @@ KILN_DLL void KilnModelFree(KilnModel* m) {
   free(m->codes);
   free(m->calls);
   free(m->input_set);
+  free(m->shapes);
+  free(m->strides);
+  free(m->sym);
+  free(m->applied);
+  free(m->sym_from);
+  free(m->dim_values);
+  free(m->in_shapes);
+  free(m->in_shape_at);
   pthread_mutex_destroy(&m->mu);
   free(m);
 }
@@ -315,20 +452,69 @@ KILN_HIDDEN int32_t KilnModelCreateFromDesc(const KilnModelDesc* d, const char* 
     }
     memset(m->storage[s], 0, size);
   }
+  if (d->num_symbols > 0) {
+    size_t nd = 0, nin = 0;
+    for (size_t e = 0; e < ne; ++e)
+      if ((size_t)d->entries[e].shape_offset + (size_t)d->entries[e].ndim > nd)
+        nd = (size_t)d->entries[e].shape_offset + (size_t)d->entries[e].ndim;
+    for (int32_t i = 0; i < d->num_inputs; ++i) nin += (size_t)d->entries[d->inputs[i].entry].ndim;
+    m->shapes = malloc(sizeof(int64_t) * (nd + 1));
+    m->strides = calloc(nd + 1, sizeof(int64_t));
+    m->sym = calloc((size_t)d->num_symbols, sizeof(int64_t));
+    m->applied = calloc((size_t)d->num_symbols, sizeof(int64_t));
+    m->sym_from = calloc((size_t)d->num_symbols, sizeof(int32_t));
+    m->dim_values = calloc((size_t)d->num_dim_exprs + 1, sizeof(int64_t));
+    m->in_shapes = calloc(nin + 1, sizeof(int64_t));
+    m->in_shape_at = calloc((size_t)d->num_inputs + 1, sizeof(int32_t));
+    if (!m->shapes || !m->strides || !m->sym || !m->applied || !m->sym_from || !m->dim_values || !m->in_shapes ||
+        !m->in_shape_at) {
+      KilnModelFree(m);
+      return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+    }
+    memcpy(m->shapes, d->shapes, sizeof(int64_t) * nd);
+    nin = 0;
+    for (int32_t i = 0; i < d->num_inputs; ++i) {
+      const KilnEntryDesc* e = &d->entries[d->inputs[i].entry];
+      m->in_shape_at[i] = (int32_t)nin;
+      memcpy(m->in_shapes + nin, d->shapes + e->shape_offset, sizeof(int64_t) * (size_t)e->ndim);
+      nin += (size_t)e->ndim;
+    }
+  }
   for (size_t e = 0; e < ne; ++e) {
     const KilnEntryDesc* ed = &d->entries[e];
     DLTensor* t = &m->tensors[e];
-    t->data = m->storage[ed->storage];
+    t->data = (char*)m->storage[ed->storage] + ed->byte_offset;
     t->device.device_type = kDLCPU;
     t->ndim = ed->ndim;
     t->dtype = ed->dtype;
-    t->shape = (int64_t*)(d->shapes + ed->shape_offset); /* the kernels never write shapes */
+    /* the kernels never write shapes; a dynamic graph's are the instance's own, rewritten per shape */
+    t->shape = m->shapes ? m->shapes + ed->shape_offset : (int64_t*)(d->shapes + ed->shape_offset);
     int64_t size = 1;
-    for (int32_t k = 0; k < ed->ndim; ++k) size *= t->shape[k];
-    m->flat_shape[e] = size;
+    for (int32_t k = 0; k < ed->ndim; ++k) size *= d->shapes[ed->shape_offset + k];
+    m->flat_shape[e] = size; /* the padded box's element count, whatever the actual shape */
     m->flat[e] = *t;
     m->flat[e].ndim = 1;
     m->flat[e].shape = &m->flat_shape[e];
+    if (m->shapes && entry_dynamic(d, ed)) { /* the padded layout's strides, as the Python executor sets */
+      int64_t stride = 1;
+      for (int32_t k = ed->ndim - 1; k >= 0; --k) {
+        m->strides[ed->shape_offset + k] = stride;
+        stride *= d->shapes[ed->shape_offset + k];
+      }
+      t->strides = m->strides + ed->shape_offset;
+    }
+  }
+  if (d->num_symbols > 0) { /* the shapes at every symbol's upper bound, as the Python executor starts */
+    for (int32_t j = 0; j < d->num_symbols; ++j) {
+      m->sym[j] = d->symbols[j].hi;
+      m->applied[j] = d->symbols[j].hi + 1; /* differs: the first update writes every shape */
+      m->sym_from[j] = d->symbols[j].input;
+    }
+    int32_t st = update_shapes(m, "KilnModelCreate", 0);
+    if (st != KILN_OK) {
+      KilnModelFree(m);
+      return st;
+    }
   }
   size_t arg = 0;
   for (int32_t i = 0; i < d->num_ops; ++i) {
@@ -494,7 +680,116 @@ KILN_DLL int32_t KilnModelGetOutputInfo(const KilnModel* m, int32_t index, KilnT
   return get_info(m, index, 1, info);
 }
 
+KILN_DLL int32_t KilnModelNumSymbols(const KilnModel* m) { return m ? m->desc->num_symbols : -1; }
+
+KILN_DLL int32_t KilnModelGetSymbolInfo(const KilnModel* m, int32_t index, KilnSymbolInfo* info) {
+  int32_t s = check_index(m, index, m ? m->desc->num_symbols : 0, "KilnModelGetSymbolInfo", "symbol");
+  if (s != KILN_OK) return s;
+  if (!info) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetSymbolInfo: info is NULL");
+  const KilnSymbolDesc* y = &m->desc->symbols[index];
+  info->name = y->name;
+  info->lo = y->lo;
+  info->hi = y->hi;
+  return KILN_OK;
+}
+
+static int32_t get_dims(const KilnModel* m, int32_t index, int output, const char** dims, int32_t capacity) {
+  const char* fn = output ? "KilnModelGetOutputDims" : "KilnModelGetInputDims";
+  int32_t count = m ? (output ? m->desc->num_outputs : m->desc->num_inputs) : 0;
+  int32_t s = check_index(m, index, count, fn, output ? "output" : "input");
+  if (s != KILN_OK) return s;
+  const KilnNamedEntry* ne = output ? &m->desc->outputs[index] : &m->desc->inputs[index];
+  const KilnEntryDesc* e = &m->desc->entries[ne->entry];
+  if (!dims && e->ndim) return FAIL(KILN_ERR_ARGUMENT, "%s: dims is NULL", fn);
+  if (capacity < e->ndim)
+    return FAIL(KILN_ERR_ARGUMENT, "%s: '%s' has %d dims, room was given for %d", fn, ne->name, (int)e->ndim,
+                (int)capacity);
+  for (int32_t k = 0; k < e->ndim; ++k) {
+    int32_t x = dim_expr(m->desc, e, k);
+    dims[k] = x >= 0 ? m->desc->dim_exprs[x].text : NULL;
+  }
+  return KILN_OK;
+}
+
+KILN_DLL int32_t KilnModelGetInputDims(const KilnModel* m, int32_t index, const char** dims, int32_t capacity) {
+  return get_dims(m, index, 0, dims, capacity);
+}
+
+KILN_DLL int32_t KilnModelGetOutputDims(const KilnModel* m, int32_t index, const char** dims, int32_t capacity) {
+  return get_dims(m, index, 1, dims, capacity);
+}
+
 /* ---------------- inputs / run / outputs ---------------- */
+/* Check `shape` against input `index`'s dims (static dims equal, symbols in range and one value per
+ * symbol), copy compact data of that shape into the input's (padded) storage and take the symbols'
+ * values from it. Inputs that disagree with each other are found by the next run. */
+static int32_t set_shaped(KilnModel* m, int32_t index, const int64_t* shape, int32_t ndim, const void* data,
+                          uint64_t nbytes, const char* fn) {
+  int32_t s = check_index(m, index, m ? m->desc->num_inputs : 0, fn, "input");
+  if (s != KILN_OK) return s;
+  const KilnModelDesc* d = m->desc;
+  const KilnNamedEntry* in = &d->inputs[index];
+  const KilnEntryDesc* e = &d->entries[in->entry];
+  const int64_t* up = d->shapes + e->shape_offset;
+  char a[160], b[160], c1[32];
+  if (!shape && ndim > 0) return FAIL(KILN_ERR_ARGUMENT, "%s: shape for input '%s' is NULL", fn, in->name);
+  if (ndim != e->ndim)
+    return FAIL(KILN_ERR_SHAPE, "%s: input '%s': shape %s has %d dims, expected %d %s", fn, in->name,
+                ndim >= 0 ? KilnShapeText(ndim, shape, a, sizeof a) : "()", (int)ndim, (int)e->ndim,
+                dims_text(d, e, b, sizeof b));
+  uint64_t count = 1;
+  for (int32_t k = 0; k < ndim; ++k) {
+    int32_t x = dim_expr(d, e, k);
+    if (x < 0) {
+      if (shape[k] != up[k])
+        return FAIL(KILN_ERR_SHAPE, "%s: input '%s': dim %d is %lld, expected %lld (shape %s)", fn, in->name, (int)k,
+                    (long long)shape[k], (long long)up[k], dims_text(d, e, b, sizeof b));
+    } else if (x < d->num_symbols) {
+      const KilnSymbolDesc* y = &d->symbols[x];
+      if (shape[k] < y->lo || shape[k] > y->hi)
+        return FAIL(KILN_ERR_SHAPE, "%s: input '%s': dim %d (%s) is %lld, outside its range %lld..%lld", fn, in->name,
+                    (int)k, y->name, (long long)shape[k], (long long)y->lo, (long long)y->hi);
+      for (int32_t q = 0; q < k; ++q)
+        if (dim_expr(d, e, q) == x && shape[q] != shape[k])
+          return FAIL(KILN_ERR_SHAPE, "%s: input '%s': dimension '%s' is both %lld and %lld in shape %s", fn,
+                      in->name, y->name, (long long)shape[q], (long long)shape[k],
+                      KilnShapeText(ndim, shape, a, sizeof a));
+    } else if (shape[k] < 0 || shape[k] > up[k]) {
+      /* an expression of symbols other dims give: checked exactly at the run, bounded here */
+      return FAIL(KILN_ERR_SHAPE, "%s: input '%s': dim %d (%s) is %lld, outside 0..%lld (the most its symbols' "
+                  "ranges give)", fn, in->name, (int)k, d->dim_exprs[x].text, (long long)shape[k], (long long)up[k]);
+    }
+    count *= (uint64_t)shape[k];
+  }
+  uint64_t want = count * item_bytes(e->dtype);
+  if (nbytes != want)
+    return FAIL(KILN_ERR_SHAPE, "%s: input '%s' of shape %s is %s = %llu bytes, got %llu bytes", fn, in->name,
+                KilnShapeText(ndim, shape, a, sizeof a), dtype_text(e->dtype, c1, sizeof c1), (unsigned long long)want,
+                (unsigned long long)nbytes);
+  if (!data && want) return FAIL(KILN_ERR_ARGUMENT, "%s: data for input '%s' is NULL", fn, in->name);
+  pthread_mutex_lock(&m->mu);
+  if (want) box_copy(m->tensors[in->entry].data, (char*)data, shape, up, ndim, item_bytes(e->dtype), 1);
+  if (m->shapes) {
+    if (ndim) memcpy(m->in_shapes + m->in_shape_at[index], shape, sizeof(int64_t) * (size_t)ndim);
+    for (int32_t k = 0; k < ndim; ++k) {
+      int32_t x = dim_expr(d, e, k);
+      if (x >= 0 && x < d->num_symbols) {
+        m->sym[x] = shape[k];
+        m->sym_from[x] = index;
+      }
+    }
+    m->dirty = 1;
+  }
+  m->input_set[index] = 1;
+  pthread_mutex_unlock(&m->mu);
+  return KILN_OK;
+}
+
+KILN_DLL int32_t KilnModelSetInputShaped(KilnModel* m, int32_t index, const int64_t* shape, int32_t ndim,
+                                         const void* data, uint64_t nbytes) {
+  return set_shaped(m, index, shape, ndim, data, nbytes, "KilnModelSetInputShaped");
+}
+
 KILN_DLL int32_t KilnModelSetInput(KilnModel* m, int32_t index, const void* data, uint64_t nbytes) {
   int32_t s = check_index(m, index, m ? m->desc->num_inputs : 0, "KilnModelSetInput", "input");
   if (s != KILN_OK) return s;
@@ -502,11 +797,19 @@ KILN_DLL int32_t KilnModelSetInput(KilnModel* m, int32_t index, const void* data
   const KilnEntryDesc* e = &m->desc->entries[in->entry];
   if (!data && e->nbytes) return FAIL(KILN_ERR_ARGUMENT, "KilnModelSetInput: data for input '%s' is NULL", in->name);
   if (nbytes != e->nbytes) {
-    char a[160], b[32];
+    char a[160], b[32], c[160];
+    if (entry_dynamic(m->desc, e))
+      return FAIL(KILN_ERR_SHAPE, "KilnModelSetInput: input '%s' is %s %s, which KilnModelSetInput sets at its upper "
+                  "bounds %s = %llu bytes, got %llu bytes (KilnModelSetInputShaped sets any shape in range)", in->name,
+                  dtype_text(e->dtype, b, sizeof b), dims_text(m->desc, e, c, sizeof c),
+                  KilnShapeText(e->ndim, m->desc->shapes + e->shape_offset, a, sizeof a),
+                  (unsigned long long)e->nbytes, (unsigned long long)nbytes);
     return FAIL(KILN_ERR_SHAPE, "KilnModelSetInput: input '%s' is %s %s = %llu bytes, got %llu bytes", in->name,
                 dtype_text(e->dtype, b, sizeof b), KilnShapeText(e->ndim, m->desc->shapes + e->shape_offset, a, sizeof a),
                 (unsigned long long)e->nbytes, (unsigned long long)nbytes);
   }
+  if (m->shapes) /* a dynamic graph: its symbols' values come from the (upper-bound) shape */
+    return set_shaped(m, index, m->desc->shapes + e->shape_offset, e->ndim, data, nbytes, "KilnModelSetInput");
   pthread_mutex_lock(&m->mu);
   if (nbytes) memcpy(m->tensors[in->entry].data, data, (size_t)nbytes);
   m->input_set[index] = 1;
@@ -534,13 +837,22 @@ KILN_DLL int32_t KilnModelSetInputTensor(KilnModel* m, int32_t index, const DLTe
   if (t->dtype.code != e->dtype.code || t->dtype.bits != e->dtype.bits || t->dtype.lanes != 1)
     return FAIL(KILN_ERR_DTYPE, "KilnModelSetInputTensor: input '%s' expects dtype %s, got %s", in->name,
                 dtype_text(e->dtype, c1, sizeof c1), dtype_text(t->dtype, c2, sizeof c2));
-  int same = t->ndim == e->ndim && (t->ndim == 0 || t->shape != NULL);
-  for (int32_t k = 0; same && k < e->ndim; ++k) same = t->shape[k] == want[k];
-  if (!same)
-    return FAIL(KILN_ERR_SHAPE, "KilnModelSetInputTensor: input '%s' expects shape %s, got %s", in->name,
-                KilnShapeText(e->ndim, want, a, sizeof a),
-                t->shape || t->ndim == 0 ? KilnShapeText(t->ndim, t->shape, b, sizeof b) : "(NULL shape)");
-  if (t->strides) {
+  int dynamic = entry_dynamic(m->desc, e);
+  if (dynamic) {
+    if (t->ndim > 0 && !t->shape)
+      return FAIL(KILN_ERR_SHAPE, "KilnModelSetInputTensor: input '%s' expects shape %s, got (NULL shape)", in->name,
+                  dims_text(m->desc, e, a, sizeof a));
+    want = t->shape; /* checked against the dims by set_shaped */
+  } else {
+    int same = t->ndim == e->ndim && (t->ndim == 0 || t->shape != NULL);
+    for (int32_t k = 0; same && k < e->ndim; ++k) same = t->shape[k] == want[k];
+    if (!same)
+      return FAIL(KILN_ERR_SHAPE, "KilnModelSetInputTensor: input '%s' expects shape %s, got %s", in->name,
+                  KilnShapeText(e->ndim, want, a, sizeof a),
+                  t->shape || t->ndim == 0 ? KilnShapeText(t->ndim, t->shape, b, sizeof b) : "(NULL shape)");
+  }
+  uint64_t count = 1;
+  if (t->strides && t->ndim == e->ndim) {
     int64_t expect = 1;
     for (int32_t k = e->ndim - 1; k >= 0; --k) {
       if (want[k] != 1 && t->strides[k] != expect)
@@ -549,7 +861,10 @@ KILN_DLL int32_t KilnModelSetInputTensor(KilnModel* m, int32_t index, const DLTe
       expect *= want[k];
     }
   }
-  return KilnModelSetInput(m, index, (const char*)t->data + t->byte_offset, e->nbytes);
+  const char* data = (const char*)t->data + t->byte_offset;
+  if (!dynamic) return KilnModelSetInput(m, index, data, e->nbytes);
+  for (int32_t k = 0; k < t->ndim && k < e->ndim; ++k) count *= (uint64_t)(t->shape[k] > 0 ? t->shape[k] : 0);
+  return set_shaped(m, index, t->shape, t->ndim, data, count * item_bytes(e->dtype), "KilnModelSetInputTensor");
 }
 
 KILN_DLL int32_t KilnModelRun(KilnModel* m) {
@@ -560,6 +875,7 @@ KILN_DLL int32_t KilnModelRun(KilnModel* m) {
       return FAIL(KILN_ERR_STATE, "KilnModelRun: input '%s' was never set (KilnModelSetInput)", d->inputs[i].name);
   int32_t status = KILN_OK;
   pthread_mutex_lock(&m->mu);
+  if (m->shapes && m->dirty) status = update_shapes(m, "KilnModelRun", 1);
   int32_t i = 0;
   while (i < d->num_ops && status == KILN_OK) {
     const KilnOpDesc* op = &d->ops[i];
@@ -585,19 +901,58 @@ KILN_DLL int32_t KilnModelRun(KilnModel* m) {
   return status;
 }
 
+/* Output `index`'s actual shape and compact byte size (lock held). */
+static const int64_t* output_shape(const KilnModel* m, int32_t index, uint64_t* nbytes) {
+  const KilnEntryDesc* e = &m->desc->entries[m->desc->outputs[index].entry];
+  const int64_t* shape = m->shapes ? m->shapes + e->shape_offset : m->desc->shapes + e->shape_offset;
+  uint64_t count = 1;
+  for (int32_t k = 0; k < e->ndim; ++k) count *= (uint64_t)shape[k];
+  *nbytes = m->shapes ? count * item_bytes(e->dtype) : e->nbytes;
+  return shape;
+}
+
+KILN_DLL int32_t KilnModelGetOutputShape(KilnModel* m, int32_t index, int64_t* shape, int32_t capacity,
+                                         uint64_t* nbytes) {
+  int32_t s = check_index(m, index, m ? m->desc->num_outputs : 0, "KilnModelGetOutputShape", "output");
+  if (s != KILN_OK) return s;
+  const KilnEntryDesc* e = &m->desc->entries[m->desc->outputs[index].entry];
+  if (!shape && e->ndim) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutputShape: shape is NULL");
+  if (capacity < e->ndim)
+    return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutputShape: output %d has %d dims, room was given for %d", (int)index,
+                (int)e->ndim, (int)capacity);
+  uint64_t n;
+  pthread_mutex_lock(&m->mu);
+  const int64_t* actual = output_shape(m, index, &n);
+  if (e->ndim) memcpy(shape, actual, sizeof(int64_t) * (size_t)e->ndim);
+  pthread_mutex_unlock(&m->mu);
+  if (nbytes) *nbytes = n;
+  return KILN_OK;
+}
+
 KILN_DLL int32_t KilnModelGetOutput(KilnModel* m, int32_t index, void* data, uint64_t nbytes) {
   int32_t s = check_index(m, index, m ? m->desc->num_outputs : 0, "KilnModelGetOutput", "output");
   if (s != KILN_OK) return s;
   const KilnNamedEntry* o = &m->desc->outputs[index];
   const KilnEntryDesc* e = &m->desc->entries[o->entry];
-  if (nbytes < e->nbytes)
-    return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutput: output %d needs %llu bytes, the buffer has %llu", (int)index,
-                (unsigned long long)e->nbytes, (unsigned long long)nbytes);
-  if (!data && e->nbytes) return FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutput: data is NULL");
+  uint64_t need;
   pthread_mutex_lock(&m->mu);
-  if (e->nbytes) memcpy(data, m->tensors[o->entry].data, (size_t)e->nbytes);
+  const int64_t* shape = output_shape(m, index, &need);
+  if (nbytes < need) {
+    char a[160];
+    if (m->shapes) s = FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutput: output %d of shape %s needs %llu bytes, the buffer "
+                            "has %llu", (int)index, KilnShapeText(e->ndim, shape, a, sizeof a),
+                            (unsigned long long)need, (unsigned long long)nbytes);
+    else s = FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutput: output %d needs %llu bytes, the buffer has %llu", (int)index,
+                  (unsigned long long)need, (unsigned long long)nbytes);
+  } else if (!data && need) {
+    s = FAIL(KILN_ERR_ARGUMENT, "KilnModelGetOutput: data is NULL");
+  } else if (need) {
+    if (m->shapes) box_copy(m->tensors[o->entry].data, data, shape, m->desc->shapes + e->shape_offset, e->ndim,
+                            item_bytes(e->dtype), 0);
+    else memcpy(data, m->tensors[o->entry].data, (size_t)need);
+  }
   pthread_mutex_unlock(&m->mu);
-  return KILN_OK;
+  return s;
 }
 
 KILN_DLL const void* KilnModelOutputData(const KilnModel* m, int32_t index) {

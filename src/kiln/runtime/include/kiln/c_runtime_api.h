@@ -52,6 +52,14 @@ typedef enum {
   kDLBfloat = 4,
   kDLComplex = 5,
   kDLBool = 6,
+  /* DLPack 1.1's low-precision floats (Kiln stores every element in one byte, even float4;
+   * int4 / uint4 / int2 / uint2 are kDLInt / kDLUInt with 4 or 2 bits, also one byte each) */
+  kDLFloat8_e4m3fn = 10,
+  kDLFloat8_e4m3fnuz = 11,
+  kDLFloat8_e5m2 = 12,
+  kDLFloat8_e5m2fnuz = 13,
+  kDLFloat8_e8m0fnu = 14,
+  kDLFloat4_e2m1fn = 17,
 } DLDataTypeCode;
 
 typedef struct {

@@ -10,6 +10,11 @@
  * (docs/graph_json_format.md): an entry is one node output, entries with the same storage slot
  * share memory (each slot is sized for its largest entry), a `__nop` output uses its input's slot
  * (the generator resolves it) and is not an op here.
+ *
+ * A graph with dynamic dimensions (docs/dynamic_shapes.md) keeps every entry's storage at its
+ * upper-bound shape (`shapes` holds the upper bounds) and adds its symbols, each distinct symbolic
+ * dim as an expression (computed together by `eval_dims`) and, per dim of `shapes`, the expression
+ * that gives it. Static graphs have num_symbols = 0 and NULL there.
  */
 #ifndef KILN_MODEL_DESC_H_
 #define KILN_MODEL_DESC_H_
@@ -21,11 +26,12 @@ extern "C" {
 #endif
 
 typedef struct {
-  int32_t storage;      /* storage slot holding the entry's data (at offset 0) */
+  int32_t storage;      /* storage slot holding the entry's data (at byte_offset) */
   int32_t ndim;
   int32_t shape_offset; /* index of the first dim in KilnModelDesc.shapes */
   DLDataType dtype;
   uint64_t nbytes;
+  uint64_t byte_offset; /* where in the slot (non-zero for the inputs of an in-place concat) */
 } KilnEntryDesc;
 
 enum { KILN_OP_CALL = 0, KILN_OP_COPY = 1 };
@@ -44,6 +50,28 @@ typedef struct {
   const char* name;
   int32_t entry;
 } KilnNamedEntry;
+
+/* A symbol (dynamic dimension): its range, and the first input dim that is exactly this symbol
+ * (inputs give the symbols their values; a model with a symbol no input dim gives is unsupported). */
+typedef struct {
+  const char* name;
+  int64_t lo, hi;
+  int32_t input; /* index into KilnModelDesc.inputs */
+  int32_t dim;
+} KilnSymbolDesc;
+
+/* A distinct symbolic dim: its canonical text (kiln.runtime.sym, e.g. "batch*seq") and the first
+ * symbol it uses (for messages). Expression i < num_symbols is symbol i itself. */
+typedef struct {
+  const char* text;
+  int32_t symbol;
+} KilnDimExprDesc;
+
+/* Writes values[i] of every dim expression i from the symbols' values (floor division floors). */
+typedef void (*KilnEvalDimsFunc)(const int64_t* symbols, int64_t* values);
+
+/* a // b for b > 0, rounding towards minus infinity as kiln.runtime.sym (and Python) do. */
+static inline int64_t KilnFloorDiv(int64_t a, int64_t b) { return a / b - (a % b < 0); }
 
 typedef struct {
   int32_t api_version;        /* KILN_MODEL_API_VERSION the tables were written for */
@@ -65,6 +93,13 @@ typedef struct {
   const KilnNamedEntry* params;
   const uint8_t* blob;           /* the module blob section (u64 length + blob), or NULL */
   KilnBackendPackedCFunc linked_param_lookup; /* _lookup_linked_param of a link_params build, or NULL */
+  /* dynamic dimensions (all 0 / NULL for a static graph) */
+  int32_t num_symbols;
+  const KilnSymbolDesc* symbols;
+  int32_t num_dim_exprs;
+  const KilnDimExprDesc* dim_exprs;
+  KilnEvalDimsFunc eval_dims;
+  const int32_t* dim_expr;       /* per dim of `shapes`: -1 static, else the index of the expression giving it */
 } KilnModelDesc;
 
 /* One build of a portable library (kiln.build_portable): its tables and the CPU features it needs,

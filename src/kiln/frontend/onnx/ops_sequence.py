@@ -1,0 +1,669 @@
+"""ONNX sequence and optional values whose *structure* is known at import.
+
+Kiln compiles static structures: a sequence is converted to a :class:`SeqValue`, a tuple of IR
+values (one per element; element shapes may differ), and an optional to an :class:`OptValue`
+(an IR value, a :class:`SeqValue`, or nothing). Their lengths and element types are fixed when
+the model is imported: by the ops that build them (``SequenceConstruct``, ``SplitToSequence``,
+``SequenceInsert``, ...) or, for a graph input, by ``from_onnx(shape={name: [elem dims, ...]})``
+(``freeze={name: None}`` for an absent optional). The element *values* stay runtime values:
+every element is an ordinary tensor of the graph, computed by generated kernels.
+
+* Sequence ops (``SequenceAt``, ``SequenceErase``, ``SequenceLength``, ...) are list operations
+  at import; their positions must be compile-time constants.
+* ``SequenceMap`` converts its body once per element (each copy sees that element's shape), as
+  ``Loop`` unrolls its body; a ``Loop`` carrying a sequence is unrolled the same way (its trip
+  count and condition must be known at import).
+* A runtime ``If`` may return sequences / optionals when both branches give the same
+  structure: the elements become ordinary outputs of the ``if`` node.
+* Graph inputs and outputs of sequence / optional type are flattened into tensor inputs and
+  outputs; ``value_layouts`` (attached to the graph, written by ``kiln.build`` into the graph
+  JSON as ``kiln_values``) tells :class:`kiln.GraphModule` how to regroup them, so
+  ``set_input`` takes and ``get_output`` returns a Python list (or ``None``).
+  See ``docs/sequences.md``.
+
+Must be imported after :mod:`.ops_control` and :mod:`.ops_tensor` (it wraps the ``If``,
+``Loop`` and ``Identity`` converters).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ...ir import Value
+from ...ir.ops.control import Subgraph
+from ...runtime.errors import InputError, UnsupportedOpError
+from . import ops_control
+from .converter import _CONVERTERS, Context, onnx_dtype, onnx_op, tensor_to_array
+
+__all__ = ["SeqValue", "OptValue", "is_container", "container_input", "flatten_outputs", "LAYOUTS_ATTR"]
+
+#: Attribute of an IR ``Graph`` holding the layouts of its sequence / optional inputs and
+#: outputs (the ``kiln_values`` object of the graph JSON, ``docs/sequences.md``).
+LAYOUTS_ATTR = "value_layouts"
+
+#: Longest sequence Kiln builds at import (each element is a value of the graph).
+MAX_ELEMENTS = 4096
+
+
+class SeqValue:
+    """An ONNX sequence with a structure known at import: one IR value per element.
+
+    Parameters
+    ----------
+    items : sequence of Value
+        The elements, in order (their shapes may differ; their dtype is ``elem_dtype``).
+    elem_dtype : str
+        The element dtype (needed for an empty sequence).
+    """
+
+    def __init__(self, items: Sequence[Value], elem_dtype: str) -> None:
+        self.items = tuple(items)
+        self.elem_dtype = elem_dtype
+        self.name: str | None = None  # the converter names values after their ONNX outputs
+
+    def __repr__(self) -> str:
+        return f"SeqValue({self.elem_dtype}, {[str(v.type) for v in self.items]})"
+
+
+class OptValue:
+    """An ONNX optional with a structure known at import: a value, or nothing.
+
+    Parameters
+    ----------
+    value : Value, SeqValue or None
+        The held value; ``None`` for an empty optional.
+    """
+
+    def __init__(self, value: "Value | SeqValue | None") -> None:
+        self.value = value
+        self.name: str | None = None
+
+    def __repr__(self) -> str:
+        return f"OptValue({self.value!r})"
+
+
+Item = Value | SeqValue | OptValue | None
+
+
+def is_container(v: Any) -> bool:
+    """Whether ``v`` is a sequence or optional value (not an IR tensor value)."""
+    return isinstance(v, (SeqValue, OptValue))
+
+
+def structure(v: Item) -> Any:
+    """A hashable description of ``v``'s structure and element types (for comparing branches)."""
+    if isinstance(v, SeqValue):
+        return ("seq", v.elem_dtype, tuple(x.type for x in v.items))
+    if isinstance(v, OptValue):
+        return ("opt", structure(v.value))
+    if v is None:
+        return None
+    return ("tensor", v.type)
+
+
+def flatten(v: Item) -> list[Value]:
+    """The tensor values of ``v``, in layout order."""
+    if isinstance(v, SeqValue):
+        return list(v.items)
+    if isinstance(v, OptValue):
+        return flatten(v.value)
+    return [] if v is None else [v]
+
+
+def rebuild(like: Item, flat: list[Value]) -> Item:
+    """``like``'s structure filled with ``flat`` (consumed from the front)."""
+    if isinstance(like, SeqValue):
+        return SeqValue([flat.pop(0) for _ in like.items], like.elem_dtype)
+    if isinstance(like, OptValue):
+        return OptValue(rebuild(like.value, flat))  # type: ignore[arg-type]
+    return None if like is None else flat.pop(0)
+
+
+def _seq(ctx: Context, v: Any, what: str) -> SeqValue:
+    if isinstance(v, OptValue):
+        v = v.value
+    if not isinstance(v, SeqValue):
+        raise ctx.bad(f"input {what!r} must be a sequence, got {'nothing' if v is None else v.type}")
+    return v
+
+
+def _tensor(ctx: Context, v: Any, what: str) -> Value:
+    if not isinstance(v, Value):
+        raise ctx.bad(f"input {what!r} must be a tensor, got {v!r}")
+    return v
+
+
+def _position(ctx: Context, v: Value | None, n: int, default: int, insert: bool) -> int:
+    if v is None:
+        return default
+    pos = ctx.static_ints(v, "position")
+    if len(pos) != 1:
+        raise ctx.bad(f"position must hold one integer, got {list(pos)}")
+    p = pos[0]
+    hi = n if insert else n - 1
+    if not -n <= p <= hi:
+        raise ctx.bad(f"position {p} is out of range for a sequence of {n} element(s) (valid: {-n}..{hi})")
+    return p + n if p < 0 else p
+
+
+def _check_len(ctx: Context, n: int) -> None:
+    if n > MAX_ELEMENTS:
+        raise ctx.unsupported(f"a sequence of {n} elements; Kiln builds at most {MAX_ELEMENTS}")
+
+
+# ----------------------------------------------------------------------------- sequence ops
+@onnx_op("SequenceEmpty")
+def _sequence_empty(ctx: Context, node, ins, attrs):
+    return [SeqValue((), onnx_dtype(int(attrs.get("dtype", 1))))]
+
+
+@onnx_op("SequenceConstruct")
+def _sequence_construct(ctx: Context, node, ins, attrs):
+    items = [_tensor(ctx, v, f"inputs[{k}]") for k, v in enumerate(ins)]
+    if not items:
+        raise ctx.bad("SequenceConstruct needs at least one input")
+    dts = {v.dtype for v in items}
+    if len(dts) != 1:
+        raise ctx.bad(f"the elements of a sequence must share one dtype, got {sorted(dts)}")
+    _check_len(ctx, len(items))
+    return [SeqValue(items, items[0].dtype)]
+
+
+@onnx_op("SequenceInsert")
+def _sequence_insert(ctx: Context, node, ins, attrs):
+    s = _seq(ctx, ins[0], "input_sequence")
+    t = _tensor(ctx, ins[1], "tensor")
+    if t.dtype != s.elem_dtype:
+        raise ctx.bad(f"inserting a {t.dtype} tensor into a sequence of {s.elem_dtype}")
+    n = len(s.items)
+    _check_len(ctx, n + 1)
+    p = _position(ctx, ins[2] if len(ins) > 2 else None, n, n, insert=True)
+    return [SeqValue(s.items[:p] + (t,) + s.items[p:], s.elem_dtype)]
+
+
+@onnx_op("SequenceErase")
+def _sequence_erase(ctx: Context, node, ins, attrs):
+    s = _seq(ctx, ins[0], "input_sequence")
+    n = len(s.items)
+    if n == 0:
+        raise ctx.bad("erasing from an empty sequence")
+    p = _position(ctx, ins[1] if len(ins) > 1 else None, n, n - 1, insert=False)
+    return [SeqValue(s.items[:p] + s.items[p + 1 :], s.elem_dtype)]
+
+
+@onnx_op("SequenceAt")
+def _sequence_at(ctx: Context, node, ins, attrs):
+    s = _seq(ctx, ins[0], "input_sequence")
+    n = len(s.items)
+    if ins[1] is None:
+        raise ctx.bad("the position input is missing")
+    return [s.items[_position(ctx, ins[1], n, 0, insert=False)]]
+
+
+@onnx_op("SequenceLength")
+def _sequence_length(ctx: Context, node, ins, attrs):
+    return [ctx.const(np.array(len(_seq(ctx, ins[0], "input_sequence").items), dtype=np.int64))]
+
+
+@onnx_op("SplitToSequence")
+def _split_to_sequence(ctx: Context, node, ins, attrs):
+    x = _tensor(ctx, ins[0], "input")
+    if ctx.is_dynamic(x):
+        raise ctx.unsupported(f"splitting a tensor of symbolic dims {ctx.dims(x)} into a sequence")
+    ndim = len(x.shape)
+    axis = ctx.axis(int(attrs.get("axis", 0)), ndim)
+    dim = x.shape[axis]
+    split = ins[1] if len(ins) > 1 else None
+    keep = True
+    if split is None:
+        sizes: tuple[int, ...] = (1,) * dim
+        keep = bool(attrs.get("keepdims", 1))
+    else:
+        arr = np.asarray(ctx.static(split, "split"))
+        vals = [int(a) for a in arr.reshape(-1)]
+        if any(s < 0 for s in vals):
+            raise ctx.bad(f"split sizes must be non-negative, got {vals}")
+        if arr.ndim == 0:
+            if vals[0] <= 0:
+                raise ctx.bad(f"a scalar split must be positive, got {vals[0]}")
+            sizes = tuple(min(vals[0], dim - i) for i in range(0, dim, vals[0]))
+        else:
+            sizes = tuple(vals)
+            if sum(sizes) != dim:
+                raise ctx.bad(f"split sizes {list(sizes)} do not add up to dim {dim} (axis {axis})")
+    _check_len(ctx, len(sizes))
+    items: list[Value] = []
+    if len(sizes) == 1:
+        items = [ctx.emit1("identity", x)]
+    elif sizes:
+        items = list(ctx.emit("split", [x], {"sections": sizes, "axis": axis}))
+    if not keep:
+        items = [ctx.reshape(v, v.shape[:axis] + v.shape[axis + 1 :]) for v in items]
+    return [SeqValue(items, x.dtype)]
+
+
+@onnx_op("ConcatFromSequence")
+def _concat_from_sequence(ctx: Context, node, ins, attrs):
+    s = _seq(ctx, ins[0], "input_sequence")
+    if not s.items:
+        raise ctx.bad("concatenating an empty sequence")
+    new_axis = bool(attrs.get("new_axis", 0))
+    ndim = len(s.items[0].shape)
+    axis = ctx.axis(int(attrs["axis"]), ndim + 1 if new_axis else ndim)
+    items = list(s.items)
+    if new_axis:
+        items = [ctx.reshape(v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in items]
+    if len(items) == 1:
+        # one element: the result must still be a value of this node (a reshape is one already)
+        return [items[0] if new_axis else ctx.emit1("identity", items[0])]
+    return [ctx.emit1("concatenate", *items, axis=axis)]
+
+
+@onnx_op("SequenceMap")
+def _sequence_map(ctx: Context, node, ins, attrs):
+    body = attrs["body"].g
+    if not ins or ins[0] is None:
+        raise ctx.bad("the input sequence is missing")
+    first = _seq(ctx, ins[0], "input_sequence")
+    n = len(first.items)
+    if len(body.input) != len(ins):
+        raise ctx.bad(f"body takes {len(body.input)} inputs, the node passes {len(ins)}")
+    for k, v in enumerate(ins):
+        if isinstance(v, (SeqValue, OptValue)) and len(_seq(ctx, v, f"additional_inputs[{k}]").items) != n:
+            raise ctx.bad(
+                f"input {k} is a sequence of {len(_seq(ctx, v, '').items)} element(s), "
+                f"input 0 of {n}; SequenceMap needs equal lengths"
+            )
+    consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
+    outs: list[list[Value]] = [[] for _ in body.output]
+    for i in range(n):
+        bindings = {vi.name: (_seq(ctx, v, "").items[i] if is_container(v) else v) for vi, v in zip(body.input, ins)}
+        for k, v in enumerate(ops_control._run_subgraph(ctx, node, body, consts, bindings)):
+            outs[k].append(_tensor(ctx, v, f"body output {k}"))
+    result = []
+    for k, (vals, vo) in enumerate(zip(outs, body.output)):
+        if vals:
+            dt = vals[0].dtype
+        else:
+            tt = vo.type.tensor_type if vo.type.HasField("tensor_type") else None
+            if tt is None or not tt.elem_type:
+                raise ctx.unsupported(
+                    f"body output {k} of a SequenceMap over an empty sequence has no declared element type"
+                )
+            dt = onnx_dtype(tt.elem_type)
+        result.append(SeqValue(vals, dt))
+    return result
+
+
+# ----------------------------------------------------------------------------- optional ops
+@onnx_op("Optional")
+def _optional(ctx: Context, node, ins, attrs):
+    return [OptValue(ins[0] if ins else None)]
+
+
+@onnx_op("OptionalHasElement")
+def _optional_has_element(ctx: Context, node, ins, attrs):
+    v = ins[0] if ins else None
+    has = v.value is not None if isinstance(v, OptValue) else v is not None
+    return [ctx.const(np.array(has))]
+
+
+@onnx_op("OptionalGetElement")
+def _optional_get_element(ctx: Context, node, ins, attrs):
+    v = ins[0] if ins else None
+    if isinstance(v, OptValue):
+        v = v.value
+    if v is None:
+        raise ctx.bad("OptionalGetElement on an empty optional")
+    return [v]
+
+
+_tensor_identity = _CONVERTERS["Identity"]
+
+
+@onnx_op("Identity")
+def _identity(ctx: Context, node, ins, attrs):
+    """A sequence / optional passes through (its elements are values already); tensors as before."""
+    v = ins[0] if ins else None
+    if isinstance(v, SeqValue):
+        return [SeqValue(v.items, v.elem_dtype)]
+    if isinstance(v, OptValue):
+        return [OptValue(v.value)]
+    return _tensor_identity(ctx, node, ins, attrs)
+
+
+# ----------------------------------------------------------------------------- control flow
+_tensor_if, _tensor_loop = _CONVERTERS["If"], _CONVERTERS["Loop"]
+
+
+def _declares_container(graph) -> bool:
+    return any(vo.type.WhichOneof("value") not in (None, "tensor_type") for vo in graph.output)
+
+
+@onnx_op("If")
+def _if(ctx: Context, node, ins, attrs):
+    """``If`` whose branches may give sequences / optionals.
+
+    With a condition known at import the chosen branch is inlined, containers included. At run
+    time both branches must give the same structure (lengths, element types): the elements
+    become ordinary outputs of an IR ``if`` node.
+    """
+    then_b, else_b = attrs["then_branch"].g, attrs["else_branch"].g
+    if not (_declares_container(then_b) or _declares_container(else_b)):
+        return _tensor_if(ctx, node, ins, attrs)
+    if not ins or ins[0] is None:
+        raise ctx.bad("the condition input is missing")
+    arr = ctx.try_static(ins[0])
+    if arr is not None:
+        flat = np.asarray(arr).reshape(-1)
+        if flat.size != 1:
+            raise ctx.bad(f"the condition must hold one element, it has {flat.size}")
+        branch = then_b if bool(flat[0]) else else_b
+        consts = {t.name: ctx.const(tensor_to_array(t)) for t in branch.initializer}
+        outs = ops_control._run_subgraph(ctx, node, branch, consts, {}, what="branch")
+        return [_distinct(ctx, v, ins) for v in outs]
+    return _runtime_if(ctx, node, ins[0], then_b, else_b)
+
+
+def _distinct(ctx: Context, v: Any, ins: Sequence[Any]) -> Any:
+    if is_container(v):
+        return v
+    outer = set(ctx.env.values())
+    return ctx.emit1("identity", v) if v in ins or v in outer else v
+
+
+def _convert_branch(ctx: Context, node, graph, label: str, captures) -> tuple[Any, list[Item]]:
+    """An If branch as an IR graph whose outputs are the flattened container outputs."""
+    items: list[Item] = []
+
+    def flat_outputs(sub: Any, outs: list[Any]) -> list[Value]:
+        items.extend(outs)
+        flat = [v for o in outs for v in flatten(o)]
+        # a branch output that is one of its inputs (or repeated) is still a value of its own
+        seen: set[Value] = set(sub.inputs)
+        for k, v in enumerate(flat):
+            if v in seen or v.is_constant:
+                flat[k] = ctx.emit1("identity", v)
+            seen.add(flat[k])
+        return flat
+
+    sub = ops_control._convert_subgraph(ctx, node, graph, label, (), captures, flat_outputs)
+    return sub, items
+
+
+def _runtime_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Item]:
+    if cond.type.size != 1:
+        raise ctx.bad(f"the condition must hold one element, it has {cond.type.size}")
+    if cond.dtype != "bool":
+        cond = ctx.cast(cond, "bool")
+    captures = ops_control._captures(ctx, [then_b, else_b], set())
+    if any(is_container(v) for _, v in captures):
+        raise ctx.unsupported(
+            "a runtime If whose branches read an outer sequence / optional; "
+            "the condition must be known at compile time (freeze it)"
+        )
+    then_g, then_outs = _convert_branch(ctx, node, then_b, "then", captures)
+    else_g, else_outs = _convert_branch(ctx, node, else_b, "else", captures)
+    a, b = [structure(v) for v in then_outs], [structure(v) for v in else_outs]
+    if a != b:
+        raise ctx.unsupported(
+            f"the branches give sequences / optionals of different structure (then {a}, else {b}); "
+            "Kiln fixes a sequence's length and element types at compile time, so the condition "
+            "must be known at compile time (freeze it)"
+        )
+    if not then_g.outputs:
+        return [rebuild(o, []) for o in then_outs]
+    ins = [cond] + [v for _, v in captures if not v.is_constant]
+    # (a copy: rebuild consumes it, and emit may hand back the node's own output list)
+    flat = list(ctx.emit("if", ins, {"then_branch": Subgraph(then_g), "else_branch": Subgraph(else_g)}))
+    return [rebuild(o, flat) for o in then_outs]
+
+
+@onnx_op("Loop")
+def _loop(ctx: Context, node, ins, attrs):
+    """``Loop`` carrying sequences / optionals: unrolled at import (their structure changes with
+    the iterations); trip count and condition must be known then."""
+    carried = list(ins[2:])
+    if not any(is_container(v) for v in carried):
+        return _tensor_loop(ctx, node, ins, attrs)
+    body = attrs["body"].g
+    n_carried = len(carried)
+    if len(body.input) != 2 + n_carried:
+        raise ctx.bad(f"body takes {len(body.input)} inputs, expected 2 + {n_carried}")
+    n_scan = len(body.output) - 1 - n_carried
+    if n_scan < 0:
+        raise ctx.bad(f"body has {len(body.output)} outputs, expected at least 1 + {n_carried}")
+    m_v = ins[0] if len(ins) > 0 else None
+    cond_v = ins[1] if len(ins) > 1 else None
+    if m_v is None and cond_v is None:
+        raise ctx.unsupported("a Loop without trip count or condition runs forever")
+    why = (
+        "a Loop carrying a sequence is unrolled at import (the sequence's structure changes "
+        "with the iterations): its {} must be a constant known at compile time (freeze it)"
+    )
+    trip = ops_control.MAX_UNROLL + 1
+    if m_v is not None:
+        arr = ctx.try_static(m_v)
+        if arr is None:
+            raise ctx.unsupported(why.format("trip count"))
+        trip = int(np.asarray(arr).reshape(()))
+    cond = True
+    if cond_v is not None:
+        arr = ctx.try_static(cond_v)
+        if arr is None:
+            raise ctx.unsupported(why.format("condition"))
+        cond = bool(np.asarray(arr).reshape(()))
+    consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
+    scans: list[list[Value]] = [[] for _ in range(n_scan)]
+    it = 0
+    while cond and it < trip:
+        if it >= ops_control.MAX_UNROLL:
+            raise ctx.unsupported(f"a Loop carrying a sequence runs more than {ops_control.MAX_UNROLL} iterations")
+        bindings: dict[str, Any] = {
+            body.input[0].name: ctx.const(np.array(it, dtype=np.int64)),
+            body.input[1].name: ctx.const(np.array(cond)),
+        }
+        bindings.update({vi.name: v for vi, v in zip(body.input[2:], carried)})
+        outs = ops_control._run_subgraph(ctx, node, body, consts, bindings)
+        c = ctx.try_static(outs[0])
+        if c is None:
+            raise ctx.unsupported(why.format("continue condition (computed by the body)"))
+        cond = bool(np.asarray(c).reshape(()))
+        carried = list(outs[1 : 1 + n_carried])
+        for k, v in enumerate(outs[1 + n_carried :]):
+            scans[k].append(_tensor(ctx, v, f"scan output {k}"))
+        it += 1
+    results: list[Any] = [_distinct(ctx, v, ins) for v in carried]
+    for k, vals in enumerate(scans):
+        if not vals:
+            raise ctx.unsupported(f"scan output {k} of a zero-iteration Loop has no static type")
+        rows = [ctx.reshape(v, (1,) + v.shape) for v in vals]
+        results.append(rows[0] if len(rows) == 1 else ctx.emit1("concatenate", *rows, axis=0))
+    return results
+
+
+# ----------------------------------------------------------------------------- graph inputs / outputs
+def _elem_tensor_type(ctx: Context, tp, what: str) -> tuple[str, Any]:
+    """(kind, payload) of an ONNX TypeProto: ("tensor", tensor_type), ("sequence", elem TypeProto),
+    ("optional", elem TypeProto)."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        return "tensor", tp.tensor_type
+    if kind == "sequence_type":
+        return "sequence", tp.sequence_type.elem_type
+    if kind == "optional_type":
+        return "optional", tp.optional_type.elem_type
+    raise UnsupportedOpError(
+        f"{what} has type {kind}; Kiln supports tensors, sequences of tensors and optionals of those"
+    )
+
+
+def container_input(
+    ctx: Context, vi, spec: Any, frozen: Mapping[str, Any], dtype: str | None
+) -> tuple[Any, dict[str, Any]]:
+    """The import-time value of a sequence / optional graph input, and its layout.
+
+    Parameters
+    ----------
+    ctx : Context
+    vi : onnx.ValueInfoProto
+        The graph input (of sequence or optional type).
+    spec : any
+        ``shape=`` for it: a list of element dims for a sequence (one entry per element), the
+        dims of an optional tensor; None if not given.
+    frozen : dict
+        ``freeze=``: a value here makes the input a constant (``None``: an absent optional; a
+        list of arrays: a constant sequence).
+    dtype : str, optional
+        Element dtype override.
+
+    Returns
+    -------
+    value : SeqValue or OptValue
+    layout : dict
+        Its ``kiln_values`` input layout (``docs/sequences.md``); ``{}`` for a frozen input
+        (but an absent optional frozen to None keeps a layout: it takes ``None``).
+    """
+    name = vi.name
+    what = f"graph input {name!r}"
+    kind, payload = _elem_tensor_type(ctx, vi.type, what)
+    if name in frozen:
+        # an absent optional stays an input that takes only None (the module's interface keeps
+        # it); any other frozen value is a constant, no longer an input
+        absent = kind == "optional" and frozen[name] is None
+        return _frozen(ctx, kind, payload, frozen[name], what), {"kind": "optional", "value": None} if absent else {}
+    if kind == "optional":
+        inner_kind, inner = _elem_tensor_type(ctx, payload, what + " (its element)")
+        if inner_kind == "tensor":
+            if spec is None:
+                raise InputError(
+                    f"{what} is an optional tensor: pass shape={{{name!r}: dims}} (or "
+                    f"freeze={{{name!r}: None}} for an absent value)"
+                )
+            arg = f"{name}.value"
+            v = _add_input(ctx, arg, spec, dtype or onnx_dtype(inner.elem_type), what)
+            return OptValue(v), {"kind": "optional", "value": {"kind": "tensor", "arg": arg}}
+        if inner_kind != "sequence":
+            raise UnsupportedOpError(f"{what}: an optional of {inner_kind} is not supported")
+        seq, lay = _seq_input(ctx, name, inner, spec, dtype, what)
+        return OptValue(seq), {"kind": "optional", "value": lay}
+    if kind != "sequence":
+        raise UnsupportedOpError(f"{what}: unexpected type {kind}")
+    return _seq_input(ctx, name, payload, spec, dtype, what)
+
+
+def _seq_input(
+    ctx: Context, name: str, elem_tp, spec: Any, dtype: str | None, what: str
+) -> tuple[SeqValue, dict[str, Any]]:
+    kind, tt = _elem_tensor_type(ctx, elem_tp, what + " (its elements)")
+    if kind != "tensor":
+        raise UnsupportedOpError(f"{what}: a sequence of {kind} values is not supported")
+    if spec is None or isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence):
+        raise InputError(
+            f"{what} is a sequence: pass shape={{{name!r}: [dims of element 0, dims of "
+            f"element 1, ...]}} (Kiln fixes a sequence's length and element shapes "
+            f"at compile time), got {spec!r}"
+        )
+    if not tt.elem_type and dtype is None:
+        raise InputError(f"{what}: the model does not declare the element type; pass dtype=")
+    dt = dtype or onnx_dtype(tt.elem_type)
+    _check_len(ctx, len(spec))
+    items, args = [], []
+    for k, dims in enumerate(spec):
+        arg = f"{name}.{k}"
+        items.append(_add_input(ctx, arg, dims, dt, f"{what} element {k}"))
+        args.append({"kind": "tensor", "arg": arg})
+    return SeqValue(items, dt), {"kind": "sequence", "elem_dtype": dt, "items": args}
+
+
+def _add_input(ctx: Context, name: str, dims: Any, dt: str, what: str) -> Value:
+    if (
+        isinstance(dims, (str, bytes))
+        or not isinstance(dims, Sequence)
+        or not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims)
+    ):
+        raise InputError(f"shape= for {what} must be a sequence of non-negative ints, got {dims!r}")
+    shape = tuple(int(d) for d in dims)
+    ctx.check_size(shape, what)
+    try:
+        return ctx.graph.add_input(name, shape, dt)
+    except InputError as exc:
+        raise InputError(f"{what}: {exc}") from None
+
+
+def _frozen(ctx: Context, kind: str, payload, value: Any, what: str) -> Item:
+    if kind == "optional":
+        if value is None:
+            return OptValue(None)
+        inner_kind, inner = _elem_tensor_type(ctx, payload, what)
+        held = _frozen(ctx, inner_kind, inner, value, what)
+        assert not isinstance(held, OptValue)  # (ONNX has no optional of an optional)
+        return OptValue(held)
+    if kind == "sequence":
+        if not isinstance(value, (list, tuple)):
+            raise InputError(f"freeze= for {what} (a sequence) must be a list of arrays, got {type(value).__name__}")
+        _, tt = _elem_tensor_type(ctx, payload, what)
+        dt = onnx_dtype(tt.elem_type) if tt.elem_type else None
+        arrs = [np.asarray(a) for a in value]
+        if dt is None and not arrs:
+            raise InputError(f"{what}: an empty frozen sequence without a declared element type")
+        dt = dt or str(arrs[0].dtype)
+        _check_len(ctx, len(arrs))
+        return SeqValue([ctx.const(a.astype(dt, copy=False)) for a in arrs], dt)
+    if value is None:
+        raise InputError(f"freeze= for {what} (a tensor) is None")
+    return ctx.const(np.asarray(value).astype(onnx_dtype(payload.elem_type), copy=False))
+
+
+def flatten_outputs(
+    ctx: Context, outputs: Sequence[Item], names: Sequence[str]
+) -> tuple[list[Value], list[dict[str, Any]] | None]:
+    """The graph's tensor outputs and the ``kiln_values`` layouts regrouping them.
+
+    Parameters
+    ----------
+    ctx : Context
+    outputs : sequence of Value, SeqValue or OptValue
+        The model's outputs, in order.
+    names : sequence of str
+        Their ONNX names.
+
+    Returns
+    -------
+    flat : list of Value
+        The tensor outputs of the IR graph (a sequence's elements in order). An element that
+        is a graph input, a constant or repeated gets an ``identity`` of its own.
+    outputs_layout : list of dict, or None
+        One layout per model output (``{"kind": "tensor", "head": i}``, ...); None when every
+        output is a tensor (the graph JSON then stays as before).
+    """
+    flat: list[Value] = []
+    seen: set[Value] = set(ctx.graph.inputs)
+
+    def head(v: Value) -> dict[str, Any]:
+        if v in seen or v.is_constant:
+            v = ctx.emit1("identity", v)
+        seen.add(v)
+        flat.append(v)
+        return {"kind": "tensor", "head": len(flat) - 1}
+
+    def layout(v: Item) -> dict[str, Any]:
+        if isinstance(v, SeqValue):
+            return {"kind": "sequence", "elem_dtype": v.elem_dtype, "items": [head(x) for x in v.items]}
+        if isinstance(v, OptValue):
+            return {"kind": "optional", "value": None if v.value is None else layout(v.value)}
+        assert v is not None
+        flat.append(v)  # a tensor output stays what the tensor-only import gives
+        seen.add(v)
+        return {"kind": "tensor", "head": len(flat) - 1}
+
+    if not any(is_container(v) for v in outputs):
+        return [v for v in outputs if isinstance(v, Value)], None
+    lays = []
+    for v, name in zip(outputs, names):
+        lay = layout(v)
+        lay["name"] = str(name)
+        lays.append(lay)
+    return flat, lays
