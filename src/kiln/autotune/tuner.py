@@ -229,7 +229,7 @@ def _lower_one(task: TuneTask, cfg: Mapping[str, Any] | None, tgt: Any) -> Any:
 
     ctx = DispatchContext({task.workload: dict(cfg)} if cfg else {}, record=False)
     with ctx:
-        low = lower_fused_graph(_Groups([task.group]), tgt, "tune")
+        low = lower_fused_graph(_Groups([task.group]), tgt, "tune", whole_graph=False)
     if cfg and task.workload not in ctx.applied:
         raise RuntimeError("the schedule did not ask for this workload's knobs")
     return low

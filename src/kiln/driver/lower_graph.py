@@ -475,7 +475,7 @@ def _shape_generic_groups(fused: FusedGraph, skip: set[int],
 def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
                       inline_limit: int = INLINE_MAX_ELEMENTS,
                       on_kernel: Callable[[int, int, str], None] | None = None,
-                      inplace_concat: bool = True) -> LoweredModel:
+                      whole_graph: bool = True) -> LoweredModel:
     """Lower every group of ``fused`` for ``target``.
 
     Parameters
@@ -490,10 +490,12 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
     on_kernel : callable, optional
         ``on_kernel(i, n, func_name)`` after each group is lowered (``i`` of ``n`` groups);
         drives progress displays.
-    inplace_concat : bool
-        Write concatenations in place where :mod:`kiln.transform.inplace_concat` allows it
-        (CPU targets only): such a group becomes a ``__concat`` call with no kernel. Only
-        for a graph lowered whole (not one device's share of it).
+    whole_graph : bool
+        ``fused`` is a whole graph (not one device's share of it, nor the few groups a tuner
+        lowers), so graph-wide decisions may be made (CPU targets only): concatenations
+        written in place where :mod:`kiln.transform.inplace_concat` allows it (a ``__concat``
+        call, no kernel), and shape-generic kernels shared by groups that differ only in one
+        extent.
 
     Returns
     -------
@@ -504,9 +506,9 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
     funcs: list[Any] = []
     by_key: dict[tuple, str] = {}
     used: set[str] = set()
-    on_cpu = _on_cpu(target)
-    in_place = inplace_concat_groups(fused) if inplace_concat and on_cpu else set()
-    generic = _shape_generic_groups(fused, in_place, inline_limit) if on_cpu else {}
+    graph_wide = whole_graph and _on_cpu(target)
+    in_place = inplace_concat_groups(fused) if graph_wide else set()
+    generic = _shape_generic_groups(fused, in_place, inline_limit) if graph_wide else {}
     for gi, g in enumerate(fused.groups):
         if g.is_nop:
             _check_nop_layout(g)

@@ -208,7 +208,7 @@ def lower_placed(fused: FusedGraph, gdev: dict[int, int], dts: DeviceTargets, mo
     for d in devs:
         sub = FusedGraph(fused.graph, [g for g in fused.groups if gdev[id(g)] == d])
         name = mod_name if d == dts.default else f"{mod_name}_{Device(d).name}"
-        low = lower_fused_graph(sub, dts.targets[d], name, on_kernel=on_kernel, inplace_concat=False)
+        low = lower_fused_graph(sub, dts.targets[d], name, on_kernel=on_kernel, whole_graph=False)
         for g, c in zip(sub.groups, low.calls):
             by_group[id(g)] = (c, d)
         for f in low.funcs:
