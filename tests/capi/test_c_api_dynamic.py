@@ -25,6 +25,7 @@ from kiln.runtime.cc import get_cc
 from kiln.runtime.graph_json import load_graph_json
 from kiln.runtime.library_module import CRT_FUNCTIONS
 from tests.capi.test_c_api import _cc, _run
+from tests.executor.dynamic_support import masked_attention_graph
 from tests.capi.test_c_api import pytestmark as _needs_cc
 
 pytestmark = _needs_cc
@@ -106,23 +107,8 @@ def _const(g: ir.Graph, *shape: int) -> ir.Value:
 
 # ----------------------------------------------------------------------------- models
 def _attention_graph() -> ir.Graph:
-    """Masked attention over x (batch, seq, 16) and mask (batch, seq): two inputs sharing both
-    symbols; seq is an inner dim, so the data is a true sub-box of the padded storage."""
-    g = ir.Graph("attn")
-    g.declare_dim("batch", 1, 4)
-    g.declare_dim("seq", 1, 12)
-    x = g.add_input("x", ("batch", "seq", 16))
-    mask = g.add_input("mask", ("batch", "seq"))
-    wq, wk, wv = _const(g, 16, 16), _const(g, 16, 16), _const(g, 16, 16)
-    q, k, v = (g.add("matmul", x, w) for w in (wq, wk, wv))
-    s = g.add("matmul", q, g.add("transpose", k, axes=(0, 2, 1)))
-    bias = g.add("multiply", g.add("subtract", g.add_constant(np.float32(1)), mask),
-                 g.add_constant(np.float32(-1e4)))
-    bias = g.add("reshape", bias, newshape=(4, 1, 12), sym_shape=("batch", 1, "seq"))
-    p = g.add("softmax", g.add("add", g.add("multiply", s, g.add_constant(np.float32(0.25))), bias), axis=-1)
-    o = g.add("matmul", p, v)
-    g.outputs = [g.add("reduce_mean", o, axes=(1,), keepdims=False), o]
-    return g
+    """Masked attention, batch 1..4 x seq 1..12 (tests/executor/dynamic_support.py)."""
+    return masked_attention_graph(12, _const)[0]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 import kiln
 from kiln import ir
 from kiln.runtime.errors import FormatError, InputError
+from tests.executor.dynamic_support import masked_attention_graph
 from kiln.runtime.graph_json import load_graph_json
 from tests.runtime.import_blocker import COMPILER_SIDE, blocker_prelude
 
@@ -105,21 +106,8 @@ def test_wrong_dtype_and_zero_copy_are_refused(mlp):
 def attention(tmp_path_factory):
     """Masked single-head attention over (batch, seq, 16), batch 1..4, seq 1..24; plus a
     second input (the mask) that must agree with the first on both symbols."""
-    g = ir.Graph("attn")
-    g.declare_dim("batch", 1, 4)
-    g.declare_dim("seq", 1, 24)
-    x = g.add_input("x", ("batch", "seq", 16))
-    mask = g.add_input("mask", ("batch", "seq"))
-    wq, wk, wv = _const(g, 16, 16), _const(g, 16, 16), _const(g, 16, 16)
-    q, k, v = (g.add("matmul", x, w) for w in (wq, wk, wv))
-    s = g.add("matmul", q, g.add("transpose", k, axes=(0, 2, 1)))
-    bias = g.add("multiply", g.add("subtract", g.add_constant(np.float32(1)), mask),
-                 g.add_constant(np.float32(-1e4)))
-    bias = g.add("reshape", bias, newshape=(4, 1, 24), sym_shape=("batch", 1, "seq"))
-    p = g.add("softmax", g.add("add", g.add("multiply", s, g.add_constant(np.float32(0.25))), bias), axis=-1)
-    o = g.add("matmul", p, v)
-    g.outputs = [g.add("reduce_mean", o, axes=(1,), keepdims=False), o]
-    ws = [w.const_value for w in (wq, wk, wv)]
+    g, wvals = masked_attention_graph(24, _const)
+    ws = [w.const_value for w in wvals]
     m = _load(kiln.build(g, target="llvm"), tmp_path_factory.mktemp("attn") / "attn.so")
     return m, ws
 

@@ -9,7 +9,6 @@ module and build it once: compilation dominates test time.
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -20,26 +19,10 @@ F = torch.nn.functional
 
 import kiln  # noqa: E402
 from kiln.runtime.errors import UnsupportedOpError  # noqa: E402
+from tests.frontend.torch_support import transformers_or_skip as _transformers
 
 TOL = 1e-4
 HIDDEN, LAYERS, HEADS, SEQ, VOCAB, FFN = 64, 2, 4, 16, 100, 128
-
-
-def _transformers():
-    """``transformers``, or a skip; importable even where the installed torchvision is broken.
-
-    transformers imports torchvision when it is installed, and a torchvision built for another
-    torch fails at import ("operator torchvision::nms does not exist"), taking every model
-    class with it. These text/vision-transformer models need no torchvision, so a broken one
-    is marked absent.
-    """
-    try:
-        import torchvision  # noqa: F401
-    except Exception:  # noqa: BLE001 - any failure means it is unusable
-        for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
-            del sys.modules[k]
-        sys.modules["torchvision"] = None  # type: ignore[assignment]
-    return pytest.importorskip("transformers")
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:

@@ -22,6 +22,7 @@ from kiln.frontend.volumetric import conv3d, conv_transpose3d, pool3d  # noqa: E
 from kiln.ir import evaluate  # noqa: E402
 from kiln.runtime.errors import InputError, UnsupportedOpError  # noqa: E402
 from tests.models.real_models import torchvision_models  # noqa: E402
+from tests.frontend.torch_support import randomize_bn as _randomize_bn  # noqa: E402
 
 RTOL = 1e-4
 F = torch.nn.functional
@@ -222,14 +223,6 @@ def test_shared_conv_transpose3d_and_pool3d_errors():
 
 
 # ------------------------------------------------------------------ video models
-def _randomize_bn(m: Any) -> None:
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
-                mod.running_mean.uniform_(-0.3, 0.3)
-                mod.running_var.uniform_(0.5, 1.5)
-
-
 _VIDEO: dict[str, Any] = {}
 
 

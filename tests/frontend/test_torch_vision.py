@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 import kiln  # noqa: E402
 from kiln.ir import evaluate  # noqa: E402
 from tests.models.real_models import torchvision_models  # noqa: E402
+from tests.frontend.torch_support import randomize_bn as _randomize_bn  # noqa: E402
 
 RTOL = 1e-4
 
@@ -78,14 +79,6 @@ MODELS: dict[str, tuple[Callable[[Any], Any], tuple[int, ...], bool]] = {
     "fcn_resnet50": (_seg("fcn_resnet50"), (1, 3, 64, 64), True),
     "swin_t": (_cls("swin_t"), (1, 3, 64, 64), True),  # shifted-window masks: slice_scatter
 }
-
-
-def _randomize_bn(m: Any) -> None:
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
-                mod.running_mean.uniform_(-0.3, 0.3)
-                mod.running_var.uniform_(0.5, 1.5)
 
 
 class Converted:

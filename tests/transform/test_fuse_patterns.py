@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ import kiln
 from kiln.driver import optimize
 from kiln.ir import Graph, evaluate
 from kiln.transform import default_pipeline, fuse_patterns
+from tests.frontend.torch_support import transformers_or_skip as _transformers
 
 C1 = math.sqrt(2.0 / math.pi)
 C2 = 0.044715
@@ -408,17 +408,6 @@ def test_onnx_export_fuses_and_matches_eager():
 
 
 # ----------------------------------------------------------------------------- transformers
-def _transformers():
-    """``transformers`` (skip when absent), importable even with a broken torchvision."""
-    try:
-        import torchvision  # noqa: F401
-    except Exception:  # noqa: BLE001 - any failure means it is unusable
-        for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
-            del sys.modules[k]
-        sys.modules["torchvision"] = None  # type: ignore[assignment]
-    return pytest.importorskip("transformers")
-
-
 def _tiny(name: str):
     tf = _transformers()
     if name == "llama":
