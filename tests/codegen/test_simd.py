@@ -19,7 +19,9 @@ from kiln.codegen.c import target_vector_bytes
 from kiln.target import Target
 from kiln.tir.unswitch import unswitch_loops
 from tests.codegen.asm_support import hot_loop
-from kiln.tir.vectorize import chunk_lanes
+from kiln.tir.functor import post_order_visit
+from kiln.tir.stmt import For
+from kiln.tir.vectorize import chunk_lanes, plan_vector_loop
 from kiln.topi.nn.dense import TAG_DENSE, TAG_MATMUL, dense, matmul
 from kiln.topi.schedule import x86
 
@@ -236,3 +238,31 @@ def test_pack_panel_is_built_per_column_block() -> None:
     f, *_ = _gemm_case("dense", (13, 40, 37), False, "gp")
     text = str(f)
     assert re.search(r"for \w+ in range\(3\):  # parallel\n\s+dense_wpack = allocate\(\[1, 40, 16\]", text), text
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_lane_invariant_guard_keeps_vector_loads(target: str) -> None:
+    """A padded depthwise conv's tap: ``row >= 1 ? A[row - 1, i] : 0`` with the guard the same for
+    every lane of ``i``. The loop stays explicit SIMD (a branch on the guard, so row -1 is never
+    read), where a guard that varies per lane keeps the scalar loop."""
+    rows, n = 5, 37
+    A = te.placeholder((rows, n), name="A")
+    out = te.compute((rows, n), lambda r, i: te.if_then_else(r >= 1, A[r - 1, i] * 2.0, -1.0), name="shifted")
+    per_lane = te.compute((rows, n), lambda r, i: te.if_then_else(i >= 1, A[r, i - 1], -1.0), name="per_lane")
+    s = te.create_schedule([out.op, per_lane.op])
+    for o in (out, per_lane):
+        s[o].vectorize(o.op.axis[1])
+    f = tir.lower(s, [A, out, per_lane], "guarded2d")
+    loops = []
+    post_order_visit(f.body, lambda x: loops.append(x) if isinstance(x, For) and x.kind == "vectorized" else None)
+    plans = [plan_vector_loop(lp, 32) for lp in loops]
+    assert [p is not None for p in plans] == [True, False]
+    mod = codegen.build_module([f], target)
+    a = RNG.uniform(-1, 1, (rows, n)).astype(np.float32)
+    got, lane = _run(mod, "guarded2d", a, np.zeros((rows, n), np.float32), np.zeros((rows, n), np.float32))[1:]
+    want = np.full((rows, n), -1.0, np.float32)
+    want[1:] = a[:-1] * 2.0
+    np.testing.assert_array_equal(got, want)
+    want_lane = np.full((rows, n), -1.0, np.float32)
+    want_lane[:, 1:] = a[:, :-1]
+    np.testing.assert_array_equal(lane, want_lane)

@@ -195,3 +195,33 @@ def test_layer_patterns_numerics(target: str) -> None:
     y = g.add("subtract", y, m)
     g.outputs = [g.add("softmax", g.add("transpose", y, axes=(0, 2, 1)), axis=-1)]
     _check_numerics(g, {"x": r.standard_normal((2, 3, 8)).astype(np.float32)}, target=target)
+
+
+def test_epilogue_stays_with_its_anchor_before_concat_and_broadcast() -> None:
+    """conv -> bias -> relu feeding a concatenation, and a squeeze-and-excitation scale
+    (conv -> bias -> sigmoid, [1, C, 1, 1]) broadcast over a feature map: the elementwise chain
+    is the conv's epilogue, not part of the consumer (where the concatenation could no longer
+    be written in place, and the sigmoid would run once per pixel)."""
+    r = np.random.default_rng(3)
+    g = Graph()
+    x = g.add_input("x", (1, 4, 5, 5))
+    w = g.add_constant(r.standard_normal((4, 4, 1, 1)).astype(np.float32))
+    b = g.add_constant(r.standard_normal(4).astype(np.float32))
+    y = g.add("relu", g.add("bias_add", g.add("conv2d", x, w), b))
+    cat = g.add("concatenate", x, y, axis=1)
+    pooled = g.add("reduce_mean", x, axes=(2, 3), keepdims=True)
+    ws = g.add_constant(r.standard_normal((4, 4, 1, 1)).astype(np.float32))
+    scale = g.add("sigmoid", g.add("bias_add", g.add("conv2d", pooled, ws), b))
+    g.outputs = [cat, g.add("multiply", x, scale)]
+    groups = _groups(g)
+    assert ["conv2d", "bias_add", "relu"] in groups, groups
+    assert ["conv2d", "bias_add", "sigmoid"] in groups, groups
+    assert ["concatenate"] in groups and ["multiply"] in groups, groups
+    _check_numerics(g, {"x": r.standard_normal((1, 4, 5, 5)).astype(np.float32)})
+
+
+def test_elementwise_chain_without_anchor_still_fuses_into_concat() -> None:
+    g = Graph()
+    x = g.add_input("x", (1, 4, 5, 5))
+    g.outputs = [g.add("concatenate", x, g.add("relu", g.add("negative", x)), axis=1)]
+    assert _groups(g) == [["negative", "relu", "concatenate"]]

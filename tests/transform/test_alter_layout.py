@@ -59,9 +59,12 @@ def test_block_net_layout_and_values(monkeypatch: Any) -> None:
     opt = optimize(g, params)
     ops = opt.op_counts()
     assert ops.get("conv2d", 0) == 0 and ops["conv2d_nchwc"] == 4
-    # edges only: into the first conv and out for the reduce / graph output (max_pool stays blocked)
+    # edges only: into the first conv and out of the two graph outputs (max_pool and the global
+    # mean stay blocked: the mean's transform moves 40 values, not the whole feature map)
     lts = [(n.attrs["src_layout"], n.attrs["dst_layout"]) for n in opt.nodes if n.op == "layout_transform"]
-    assert lts == [("NCHW", "NCHW12c"), ("NCHW8c", "NCHW")], lts
+    assert lts == [("NCHW", "NCHW12c"), ("NCHW8c", "NCHW"), ("NCHW8c", "NCHW")], lts
+    means = [n for n in opt.nodes if n.op == "reduce_mean"]
+    assert len(means) == 1 and means[0].inputs[0].shape == (1, 5, 3, 3, 8)
     assert ops["max_pool2d_nchwc"] == 1
     # weights were re-stored at build time: every conv2d_nchwc weight is a constant node
     for n in opt.nodes:
@@ -171,3 +174,36 @@ def test_choose_out_block(o: int, ow: int, want: int) -> None:
 
 def test_choose_in_block() -> None:
     assert [choose_in_block(c) for c in (3, 16, 24, 12, 17)] == [3, 16, 8, 12, 1]
+
+
+def test_squeeze_excitation_stays_blocked(monkeypatch: Any) -> None:
+    """EfficientNet's SE block: the global mean, its two 1x1 convs and the per-channel rescale
+    of the feature map all run blocked; only the network's edges transform layouts."""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    x = g.add_input("x", (1, 16, 9, 9))
+    p = {"w1": _rand(rng, 32, 16, 3, 3), "w2": _rand(rng, 8, 32, 1, 1), "w3": _rand(rng, 32, 8, 1, 1),
+         "w4": _rand(rng, 16, 32, 1, 1)}
+    ins = {k: g.add_input(k, v.shape) for k, v in p.items()}
+    f = g.add("relu", g.add("conv2d", x, ins["w1"], padding=(1, 1, 1, 1)))
+    s = g.add("reduce_mean", f, axes=(-2, -1), keepdims=True)
+    s = g.add("relu", g.add("conv2d", s, ins["w2"]))
+    s = g.add("sigmoid", g.add("conv2d", s, ins["w3"]))
+    g.outputs = [g.add("conv2d", g.add("multiply", f, s), ins["w4"])]
+    opt = optimize(g, params=p)
+    # a feature map changes layout only at the edges; in between at most the [1, C, 1, 1]
+    # scale is re-blocked (32 values) when the SE convs chose another block
+    maps = [(n.attrs["src_layout"], n.attrs["dst_layout"]) for n in opt.nodes
+            if n.op == "layout_transform" and n.inputs[0].shape[2:4] != (1, 1)]
+    assert len(maps) == 2 and maps[0][0] == "NCHW" and maps[1][1] == "NCHW", maps
+    (mean,) = [n for n in opt.nodes if n.op == "reduce_mean"]
+    assert len(mean.inputs[0].shape) == 5 and mean.attrs["axes"] == (2, 3)
+    (mul,) = [n for n in opt.nodes if n.op == "multiply"]
+    assert all(len(v.shape) == 5 for v in mul.inputs)
+    xv = _rand(rng, 1, 16, 9, 9, scale=1.0)
+    want = evaluate(g, {"x": xv}, p)
+    got = _run(g, p, {"x": xv})
+    monkeypatch.setenv("KILN_DISABLE_PASSES", "AlterConvLayout")
+    plain = _run(g, p, {"x": xv})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[0], plain[0], rtol=1e-4, atol=1e-4)

@@ -408,6 +408,15 @@ class CCodeGen(CStylePrinter):
                     return f"{self._math_fn(e.op, w)}({a})", "float32"
             return self._lanewise(e, cx)
         if isinstance(e, Select):
+            if e.dtype in VECTOR_DTYPES and not self._depends(e.cond, v) and (
+                    _has_load(e.true_value) or _has_load(e.false_value)):
+                # the condition is the same for every lane: C's ?: evaluates only the arm taken,
+                # so the loads of the other never run
+                a, ka = self._vx(e.true_value, cx)
+                b, kb = self._vx(e.false_value, cx)
+                vt = self._vtype(e.dtype, w)  # a load's unaligned type and a splat's must agree
+                return (f"({self.expr(e.cond)} ? ({vt}){self._as_vec(a, ka, e.dtype, w)} : "
+                        f"({vt}){self._as_vec(b, kb, e.dtype, w)})"), e.dtype
             if e.dtype in VECTOR_DTYPES and not _has_load(e.true_value) and not _has_load(e.false_value):
                 m, km = self._vx(e.cond, cx)
                 a, ka = self._vx(e.true_value, cx)

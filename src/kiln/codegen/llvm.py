@@ -844,6 +844,9 @@ class LLVMCodeGen:
                     return b.call(fn, vals), e.dtype
             return self._lanewise(st, e, cx)
         if isinstance(e, Select):
+            if e.dtype in VECTOR_DTYPES and v not in collect_vars(e.cond) and not (
+                    _safe(e.true_value) and _safe(e.false_value)):
+                return self._vguarded(st, e, cx), e.dtype
             if e.dtype in VECTOR_DTYPES and _safe(e.true_value) and _safe(e.false_value):
                 m, km = self._vx(st, e.cond, cx)
                 x, kx = self._vx(st, e.true_value, cx)
@@ -854,6 +857,22 @@ class LLVMCodeGen:
                     return b.select(m, x, y), e.dtype
             return self._lanewise(st, e, cx)
         return self._lanewise(st, e, cx)
+
+    def _vguarded(self, st: _Fn, e: Select, cx: tuple[Var, int, int]) -> ir.Value:
+        """A select whose condition is the same for every lane and whose branches load: a branch
+        on the scalar condition, so the loads of the branch not taken never run."""
+        b = st.b
+        c = self._expr(st, e.cond)
+        vals = []
+        with b.if_else(c) as (then, other):
+            for arm, x in ((then, e.true_value), (other, e.false_value)):
+                with arm:
+                    val, k = self._vx(st, x, cx)
+                    vals.append((val if k is not None else self._splat(st, val, cx[2]), b.block))
+        phi = b.phi(vals[0][0].type)
+        for val, blk in vals:
+            phi.add_incoming(val, blk)
+        return phi
 
     def _vcast(self, st: _Fn, a: ir.Value, src: str, dst: str, w: int) -> ir.Value:
         b = st.b

@@ -60,6 +60,11 @@ def _key(e: PrimExpr) -> Any:
     return ("id", id(e))
 
 
+def _divmod_by_const(e: PrimExpr, op: str) -> bool:
+    """``e`` is ``a // c`` (op ``floordiv``) or ``a % c`` (``floormod``) with a constant ``c > 0``."""
+    return isinstance(e, BinaryOp) and e.op == op and isinstance(e.b, IntImm) and e.b.value > 0
+
+
 class Analyzer:
     """Holds known integer ranges of variables and simplifies expressions using them."""
 
@@ -157,6 +162,54 @@ class Analyzer:
             return self._linear(atom)
         return {_key(atom): [atom, 1]}, 0
 
+    def _fold_divmod(self, terms: dict[Any, list[Any]], c: int) -> int:
+        """Merge quotient/remainder pairs of ``terms`` in place; returns the new constant.
+
+        ``m*(x // m) + x % m`` is ``x`` and ``m*((x // m) % n) + x % m`` is ``x % (m*n)`` (both
+        scaled by the remainder's coefficient). Flattening the indices of a fused loop back into
+        a row-major offset produces exactly these sums; folding them makes the offset linear in
+        the loop variable, so a vectorized loop gets contiguous loads instead of gathers.
+        """
+        changed = True
+        while changed:
+            changed = False
+            for key, (atom, co) in list(terms.items()):
+                if co == 0 or key not in terms or not _divmod_by_const(atom, "floormod"):
+                    continue
+                x, m = atom.a, atom.b.value
+                xk = _key(x)
+                for pkey, (partner, pco) in list(terms.items()):
+                    if pkey == key or pco != co * m:
+                        continue
+                    if _divmod_by_const(partner, "floordiv") and partner.b.value == m \
+                            and _key(partner.a) == xk:
+                        del terms[key], terms[pkey]
+                        xt, xc = self._linear(x)
+                        for k2, (a2, c2) in xt.items():
+                            if k2 in terms:
+                                terms[k2][1] += co * c2
+                            else:
+                                terms[k2] = [a2, co * c2]
+                        c += co * xc
+                    elif _divmod_by_const(partner, "floormod") and _divmod_by_const(partner.a, "floordiv") \
+                            and partner.a.b.value == m and _key(partner.a.a) == xk:
+                        del terms[key], terms[pkey]
+                        merged = self._divmod("floormod", x, m * partner.b.value, atom.dtype)
+                        mt, mc = self._linear(merged)
+                        for k2, (a2, c2) in mt.items():
+                            if k2 in terms:
+                                terms[k2][1] += co * c2
+                            else:
+                                terms[k2] = [a2, co * c2]
+                        c += co * mc
+                    else:
+                        continue
+                    changed = True
+                    break
+        for key in [k for k, (_, co) in terms.items() if co == 0]:
+            del terms[key]
+        return c
+
     @staticmethod
     def _rebuild(terms: dict[Any, list[Any]], c: int, dtype: str) -> PrimExpr:
         pos = [(a, k) for a, k in terms.values() if k > 0]
@@ -211,6 +264,7 @@ class Analyzer:
                 and a.b.value > 0 and a.b.value % c == 0:
             return self._divmod("floormod", a.a, c, dtype)
         terms, k = self._linear(a)
+        k = self._fold_divmod(terms, k)
         q_terms = {key: [at, co // c] for key, (at, co) in terms.items() if co % c == 0 and co != 0}
         r_terms = {key: [at, co] for key, (at, co) in terms.items() if co % c != 0}
         qc, rc = divmod(k, c)
@@ -239,6 +293,7 @@ class Analyzer:
             return e
         if is_integer(e.dtype) and isinstance(e, BinaryOp) and e.op in ("add", "sub", "mul"):
             terms, c = self._linear(e)
+            c = self._fold_divmod(terms, c)
             return self._rebuild(terms, c, e.dtype)
         if isinstance(e, BinaryOp) and e.op in ("lt", "le", "gt", "ge", "eq", "ne") and is_integer(e.a.dtype):
             d = self.simplify(binary("sub", e.a, e.b))

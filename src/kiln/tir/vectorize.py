@@ -184,8 +184,12 @@ def _needs_lanes(e: PrimExpr, v: Var, rng: dict[Var, tuple[int, int]],
     if isinstance(e, Call):
         return e.op not in _VEC_CALLS or e.dtype != "float32" or any(sub(a) for a in e.args)
     if isinstance(e, Select):
-        if e.dtype not in VECTOR_DTYPES or _has_load(e.true_value) or _has_load(e.false_value):
+        if e.dtype not in VECTOR_DTYPES:
             return True
+        if _has_load(e.true_value) or _has_load(e.false_value):
+            # guarded loads (a padded conv's taps): vectorisable when the guard is the same for
+            # every lane — the codegens branch on it, so a false guard never loads
+            return uses[id(e.cond)] or sub(e.true_value) or sub(e.false_value)
         return any(sub(x) for x in (e.cond, e.true_value, e.false_value))
     return True
 

@@ -3,6 +3,11 @@
 Source coordinates are computed in float64, exactly like the reference, so that rounding
 decisions at exact half-pixel ties agree; the interpolation itself runs in float32 (float64
 for float64 data).
+
+On CPU targets the per-column and per-row source indices and weights are computed once into
+small tables (stages tagged :data:`TAG_TABLE`, which schedules keep materialised) instead of
+once per output element: the float64 coordinate math per element made DeepLabV3's 21-channel
+upsample to 224x224 cost 4.2 ns per output element (4.4 ms) on Zen 3.
 """
 
 from __future__ import annotations
@@ -10,10 +15,36 @@ from __future__ import annotations
 from typing import Any
 
 from .. import te
+from ..runtime.errors import TargetError
+from ..target import isa_of
+from .knobs import current_kernel_target
 from .registry import register_compute
 from .util import TAG_INJECTIVE, compute_dtype
 
-__all__ = ["resize2d", "source_coord"]
+__all__ = ["resize2d", "source_coord", "TAG_TABLE"]
+
+#: Tag of a per-axis lookup table (not injective: kept as its own small stage, never inlined).
+TAG_TABLE = "resize_table"
+
+
+def _use_tables() -> bool:
+    """Tables on CPU targets (and with no target); GPU kernels compute per thread."""
+    target = current_kernel_target()
+    if target is None:
+        return True
+    try:
+        isa_of(target)
+    except TargetError:
+        return False
+    return True
+
+
+def _per_axis(length: int, fn: Any, name: str, tables: bool) -> Any:
+    """``fn(i)`` for an output index: a lookup into a table of ``length`` entries, or inline."""
+    if not tables:
+        return fn
+    t = te.compute((length,), fn, name=name, tag=TAG_TABLE)
+    return lambda i: t[i]
 
 
 def source_coord(x: Any, in_len: int, out_len: int, scale: float, mode: str) -> Any:
@@ -58,25 +89,41 @@ def resize2d(data: te.Tensor, size: tuple[int, int], scales: tuple[float, float]
     n, ch, h, w = data.shape
     oh, ow = size
     sy, sx = scales
+    tables = _use_tables()
     if method == "nearest":
-        def body(b: Any, c: Any, y: Any, x: Any) -> Any:
-            iy = _nearest(source_coord(y, h, oh, sy, coord_mode), h, nearest_mode)
-            ix = _nearest(source_coord(x, w, ow, sx, coord_mode), w, nearest_mode)
-            return data[b, c, iy, ix]
-
-        return te.compute((n, ch, oh, ow), body, name="resize2d", tag=TAG_INJECTIVE)
+        iy = _per_axis(oh, lambda y: _nearest(source_coord(y, h, oh, sy, coord_mode), h, nearest_mode),
+                       "resize_iy", tables)
+        ix = _per_axis(ow, lambda x: _nearest(source_coord(x, w, ow, sx, coord_mode), w, nearest_mode),
+                       "resize_ix", tables)
+        return te.compute((n, ch, oh, ow), lambda b, c, y, x: data[b, c, iy(y), ix(x)], name="resize2d",
+                          tag=TAG_INJECTIVE)
     cd = compute_dtype(data.dtype)
 
-    def taps(coord: Any, length: int) -> tuple[Any, Any, Any]:
-        cc = te.minimum(te.maximum(coord, te.const(0.0, "float64")), te.const(float(length - 1), "float64"))
-        f0 = te.floor(cc)
-        i0 = te.cast(f0, "int32")
-        i1 = te.minimum(i0 + 1, te.const(length - 1))
-        return i0, i1, te.cast(cc - f0, cd)
+    def clamped(coord: Any, length: int) -> Any:
+        return te.minimum(te.maximum(coord, te.const(0.0, "float64")), te.const(float(length - 1), "float64"))
+
+    def tap0(coord: Any, length: int) -> Any:
+        return te.cast(te.floor(clamped(coord, length)), "int32")
+
+    def tap1(coord: Any, length: int) -> Any:
+        return te.minimum(tap0(coord, length) + 1, te.const(length - 1))
+
+    def frac(coord: Any, length: int) -> Any:
+        cc = clamped(coord, length)
+        return te.cast(cc - te.floor(cc), cd)
+
+    def axis(length: int, out_len: int, scale: float, tag: str) -> tuple[Any, Any, Any]:
+        coord = lambda i: source_coord(i, length, out_len, scale, coord_mode)  # noqa: E731
+        return (_per_axis(out_len, lambda i: tap0(coord(i), length), f"resize_{tag}0", tables),
+                _per_axis(out_len, lambda i: tap1(coord(i), length), f"resize_{tag}1", tables),
+                _per_axis(out_len, lambda i: frac(coord(i), length), f"resize_{tag}w", tables))
+
+    ty0, ty1, tfy = axis(h, oh, sy, "y")
+    tx0, tx1, tfx = axis(w, ow, sx, "x")
 
     def lbody(b: Any, c: Any, y: Any, x: Any) -> Any:
-        y0, y1, fy = taps(source_coord(y, h, oh, sy, coord_mode), h)
-        x0, x1, fx = taps(source_coord(x, w, ow, sx, coord_mode), w)
+        y0, y1, fy = ty0(y), ty1(y), tfy(y)
+        x0, x1, fx = tx0(x), tx1(x), tfx(x)
         one = te.const(1.0, cd)
         ld = lambda yy, xx: te.cast(data[b, c, yy, xx], cd)  # noqa: E731
         top = ld(y0, x0) * (one - fy) + ld(y1, x0) * fy

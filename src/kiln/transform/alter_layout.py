@@ -61,6 +61,8 @@ __all__ = ["alter_conv_layout", "AlterConvLayout", "choose_out_block", "choose_i
 
 #: Broadcast ops that may run on blocked operands (elementwise in every operand).
 _BLOCKABLE_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum")
+#: Reductions that stay blocked over the spatial axes (per channel, so per lane of a block).
+_SPATIAL_REDUCE = ("reduce_mean", "reduce_sum", "reduce_max", "reduce_min")
 
 
 def _largest_divisor(n: int, cap: int) -> int:
@@ -316,6 +318,14 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
             bv, b = bld.blocked[node.inputs[0]]
             bld.blocked[outs[0]] = (g.add_node("max_pool2d_nchwc", [bv], node.attrs, name=node.name)[0], b)
             continue
+        if op in _SPATIAL_REDUCE and node.inputs[0] in bld.blocked and node.attrs["keepdims"] \
+                and sorted(a % 4 for a in node.attrs["axes"]) == [2, 3]:
+            # a global pool (squeeze-and-excitation, the classifier's average): reduce the
+            # blocked value's (H, W) and stay blocked, (1, C/b, 1, 1, b)
+            bv, b = bld.blocked[node.inputs[0]]
+            red = g.add_node(op, [bv], {"axes": (2, 3), "keepdims": True}, name=node.name)[0]
+            bld.blocked[outs[0]] = (red, b)
+            continue
         if len(outs) == 1 and len(outs[0].shape) == 4 and outs[0].dtype == "float32":
             shape = outs[0].shape
             pattern = get_op(op).pattern
@@ -336,6 +346,10 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
                 new_ins: list[Value] | None = []
                 for v in node.inputs:
                     if v.shape == shape and (v in bld.blocked or not v.is_constant):
+                        new_ins.append(bld.in_block(v, b))
+                        continue
+                    if v.const_value is None and tuple(v.shape) == (shape[0], shape[1], 1, 1):
+                        # a computed per-channel scale (squeeze-and-excitation): blocked too
                         new_ins.append(bld.in_block(v, b))
                         continue
                     arr = v.const_value

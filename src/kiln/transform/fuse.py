@@ -191,6 +191,42 @@ def _combine(g: _Group, node: Node, pat: OpPattern) -> OpPattern | None:
     return None  # OUT_ELEMWISE_FUSABLE takes no producers; OPAQUE / TUPLE take nothing
 
 
+def _keeps_anchor_epilogue(node: Node, pat: OpPattern, g: _Group, consumers: dict[Value, list[Node]],
+                           outputs: set[Value]) -> bool:
+    """``node`` should stay out of ``g`` to be the epilogue of the conv / dense it follows.
+
+    An elementwise op after an anchor (conv -> bias -> relu) joining a group the anchor cannot
+    join — an injective one (concat, transpose) or one whose result is bigger (a
+    squeeze-and-excitation scale broadcast over the feature map) — would leave the anchor
+    without its epilogue: the group then runs the epilogue once per element of *its* output
+    (the sigmoid of a [1, C, 1, 1] scale once per pixel) and the anchor's raw result makes an
+    extra trip through memory. Kept out, the chain becomes the anchor's epilogue instead.
+    """
+    if pat not in _EB or len(node.outputs) != 1:
+        return False
+    shape = node.outputs[0].shape
+    root = g.nodes[0]
+    if g.pattern != OpPattern.INJECTIVE and len(root.outputs) == 1 and root.outputs[0].shape == shape:
+        return False
+    n = node
+    for _ in range(MAX_GROUP_SIZE):
+        step = None
+        for v in n.inputs:
+            p = v.node
+            if p is None or p.op == "constant" or v.shape != shape or v in outputs \
+                    or len(consumers.get(v, [])) != 1 or len(p.outputs) != 1:
+                continue
+            pp = _pattern(p)
+            if pp == OpPattern.OUT_ELEMWISE_FUSABLE:
+                return True
+            if pp in _EB and step is None:
+                step = p
+        if step is None:
+            return False
+        n = step
+    return False
+
+
 def _live_nodes(graph: Graph) -> set[Node]:
     """Nodes that (transitively) feed a graph output; the rest are dead and not compiled."""
     live: set[Node] = set()
@@ -254,6 +290,8 @@ def fuse_ops(graph: Graph, opt_level: int = 3, max_group_size: int = MAX_GROUP_S
             if ok and len(cons_groups) == 1 and target is not None and not target.closed \
                     and len(target.nodes) < max_group_size:
                 newpat = _combine(target, node, pat)
+                if newpat is not None and _keeps_anchor_epilogue(node, pat, target, consumers, outputs):
+                    newpat = None
                 if newpat is not None:
                     if pat in (OpPattern.OUT_ELEMWISE_FUSABLE, OpPattern.COMM_REDUCE):
                         target.anchor = node

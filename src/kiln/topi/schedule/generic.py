@@ -17,6 +17,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...tir.expr import IntImm, PrimExpr, ProducerLoad, Var
+from ...tir.functor import post_order_visit, substitute
+from ...tir.vectorize import stride_in
 from ...ir.op import OpPattern
 from ...runtime.errors import TargetError
 from ...target import isa_of
@@ -96,7 +99,8 @@ def _parallel_ok(n: int) -> bool:
 
 
 def schedule_injective_stage(s: te.Schedule, st: te.Stage, vec: int = VEC) -> None:
-    """Fuse outer axes (parallel), split the innermost by ``vec`` and vectorise it."""
+    """Split a vector loop of ``vec`` off the trailing axes (see :func:`_vector_block`), fuse
+    the axes outside it (parallel) and vectorise it."""
     axes = list(st.op.axis)
     if not axes:
         return
@@ -104,16 +108,13 @@ def schedule_injective_stage(s: te.Schedule, st: te.Stage, vec: int = VEC) -> No
     total = prod(shape)
     if total <= 1:
         return
-    if shape[-1] >= vec:
-        # keep the contiguous last axis whole: cheap index math, clean vector loop
-        outer = st.fuse(*axes[:-1]) if len(axes) > 1 else None
-        xo, xi = st.split(axes[-1], factor=vec)
+    k = _vector_block(s, st, vec)
+    if k < len(axes):
+        outer = st.fuse(*axes[:-k])
+        _, xi = st.split(st.fuse(*axes[-k:]), factor=vec)
         st.vectorize(xi)
-        if outer is not None:
-            if _parallel_ok(total):
-                st.parallel(outer)
-        elif _parallel_ok(total):
-            st.parallel(xo)
+        if _parallel_ok(total):
+            st.parallel(outer)
         return
     fused = st.fuse(*axes)
     if total >= vec:
@@ -125,11 +126,129 @@ def schedule_injective_stage(s: te.Schedule, st: te.Stage, vec: int = VEC) -> No
         st.parallel(fused)
 
 
+def _inlined_loads(s: te.Schedule, st: te.Stage) -> list[ProducerLoad]:
+    """Reads of materialised tensors in ``st``'s body once inlined stages are substituted."""
+    inline = {id(x.op): x.op for x in s.stages if x.attach_type == "inline"}
+    found: list[ProducerLoad] = []
+
+    def walk(e: PrimExpr) -> None:
+        def f(n: Any) -> None:
+            if not isinstance(n, ProducerLoad):
+                return
+            op = n.producer.op
+            if id(op) in inline:
+                body = op.body[n.producer.value_index]
+                walk(substitute(body, {iv.var: i for iv, i in zip(op.axis, n.indices)}))
+            else:
+                found.append(n)
+        post_order_visit(e, f)
+
+    if isinstance(st.op, te.ComputeOp):
+        for b in st.op.body:
+            walk(b)
+    return found
+
+
+def _reads_linear(loads: Sequence[ProducerLoad], axes: Sequence[te.IterVar], k: int) -> bool:
+    """Every read's flat offset moves by a constant step along the last ``k`` axes fused."""
+    g = Var("g", "int32")
+    shape = [iv.dom_extent for iv in axes]
+    sub: dict[Var, PrimExpr] = {}
+    step = 1
+    for d in range(len(axes) - 1, len(axes) - 1 - k, -1):
+        q = g // step if step > 1 else g
+        sub[axes[d].var] = q % shape[d] if d > len(axes) - k else q
+        step *= shape[d]
+    ranges = {iv.var: (0, iv.dom_extent - 1) for iv in axes[:len(axes) - k]}
+    ranges[g] = (0, step - 1)
+    for ld in loads:
+        pshape = ld.producer.shape
+        if any(not isinstance(n, int) for n in pshape):
+            return False
+        flat: PrimExpr = IntImm(0)
+        stride = 1
+        for idx, n in zip(reversed(ld.indices), reversed(pshape)):
+            flat = flat + idx * stride
+            stride *= n
+        if stride_in(substitute(flat, sub), g, ranges) is None:
+            return False
+    return True
+
+
+def _vector_block(s: te.Schedule, st: te.Stage, vec: int) -> int:
+    """How many trailing axes of an injective stage its vector loop runs over.
+
+    * The last axis alone when it is a multiple of ``vec``: cheap index math, no tails.
+    * Every axis (one flat loop, no row tails) when the flat loop's reads stay contiguous or
+      broadcast — elementwise ops, slices and concatenations, whose flattened indices the
+      simplifier folds back to the loop variable.
+    * Otherwise (a transpose, a broadcast from a smaller tensor) the last axis when it holds at
+      least ``vec`` elements, else the fewest trailing axes, at least ``vec`` elements, whose
+      reads stay contiguous (a channel shuffle's H*W rows) — flattening those would turn every
+      read into a gather.
+    """
+    axes = list(st.op.axis)
+    n = len(axes)
+    last = axes[-1].dom_extent
+    dyn = any(getattr(t, "dyn", None) for t in st.op.outputs)
+    if last >= vec and (last % vec == 0 or dyn or n == 1):
+        return 1
+    if dyn or n == 1:
+        return n
+    loads = _inlined_loads(s, st)
+    if _reads_linear(loads, axes, n):
+        return n
+    if last >= vec:
+        return 1
+    block = last
+    for k in range(2, n):
+        block *= axes[-k].dom_extent
+        if block >= vec and _reads_linear(loads, axes, k):
+            return k
+    return n
+
+
+#: Extents of a reduction's last (kept) axis that :func:`_lane_axis_reduce` vectorises: a
+#: channel block of a blocked layout (4 to 64 lanes).
+_LANE_AXIS = (4, 64)
+
+
+def _lane_axis_reduce(s: te.Schedule, st: te.Stage) -> bool:
+    """The reduction keeps its last axis and reads it contiguously: ``sum over (h, w) of
+    x[n, c, h, w, k]`` (a global pool over a blocked layout). Such a reduction runs with the
+    reduce loops outside the last axis, which becomes a vector of ``k`` accumulators.
+    """
+    axes = list(st.op.axis)
+    if not isinstance(st.op, te.ComputeOp) or len(axes) < 2 or len(st.op.body) != 1 \
+            or any(getattr(t, "dyn", None) for t in st.op.outputs):
+        return False
+    last = axes[-1]
+    if not _LANE_AXIS[0] <= last.dom_extent <= _LANE_AXIS[1]:
+        return False
+    loads = _inlined_loads(s, st)
+    return bool(loads) and all(ld.indices and ld.indices[-1] is last.var for ld in loads)
+
+
+def _vectorize_lane_reduce(red: te.Stage) -> None:
+    """Reduce loops outside the kept last axis, which is vectorised (see _lane_axis_reduce)."""
+    axes = list(red.op.axis)
+    red.reorder(*axes[:-1], *red.op.reduce_axis, axes[-1])
+    red.vectorize(axes[-1])
+
+
 def schedule_reduce_stage(s: te.Schedule, st: te.Stage) -> te.IterVar | None:
     """Root reduction: fuse the spatial axes (parallel when there is enough work)."""
     axes = list(st.op.axis)
     if not axes:
         return None
+    if _lane_axis_reduce(s, st):
+        outer = st.fuse(*axes[:-1]) if len(axes) > 2 else axes[0]
+        st.reorder(outer, *st.op.reduce_axis, axes[-1])
+        st.vectorize(axes[-1])
+        work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in st.op.reduce_axis))
+        if outer.dom_extent > 1 and _parallel_ok(work):
+            st.parallel(outer)
+        return outer
     fused = st.fuse(*axes)
     work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in st.op.reduce_axis))
     if prod(iv.dom_extent for iv in axes) > 1 and _parallel_ok(work):
@@ -150,11 +269,15 @@ def attach_to_output(s: te.Schedule, red: te.Stage, out: te.Stage,
     if tuple(red.op.output(0).shape) != tuple(out.op.output(0).shape) or not out.op.axis:
         return False
     axes = list(out.op.axis)
-    fused = out.fuse(*axes)
+    lanes = _lane_axis_reduce(s, red)
+    fused = out.fuse(*(axes[:-1] if lanes else axes))
     work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in red.op.reduce_axis))
     if prod(iv.dom_extent for iv in axes) > 1 and _parallel_ok(work):
         out.parallel(fused)
     red.compute_at(out, fused)
+    if lanes:
+        out.vectorize(axes[-1])
+        _vectorize_lane_reduce(red)
     return True
 
 
