@@ -207,3 +207,71 @@ def test_squeeze_excitation_stays_blocked(monkeypatch: Any) -> None:
     plain = _run(g, p, {"x": xv})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got[0], plain[0], rtol=1e-4, atol=1e-4)
+
+
+def test_padded_block_choice() -> None:
+    from kiln.target import isa_of
+    from kiln.transform.alter_layout import _padded_block
+
+    avx2 = isa_of("llvm -mcpu=haswell")
+    # ShuffleNetV2's 58 / 116 channels pad to 64 / 120 (blocks of 8); padding more than one
+    # channel in eight (20 -> 24), a block that divides (24) or too few channels (3) do not pad
+    assert [_padded_block(c, avx2) for c in (58, 116, 20, 24, 3, 15)] == [8, 8, None, None, None, None]
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_padded_channel_blocks_compute_the_same(target: str, monkeypatch: Any) -> None:
+    """116 channels run blocked by 8 with 4 zero lanes: 1x1 conv -> relu -> depthwise ->
+    per-channel scale -> 1x1 conv -> global mean, then ops that must not see the padding (a
+    log after the relu, a concat with a non-multiple of 8) read the value unpadded."""
+    rng = np.random.default_rng(7)
+    g = Graph()
+    x = g.add_input("x", (1, 116, 9, 9))
+    p = {"w1": _rand(rng, 116, 116, 1, 1), "b1": _rand(rng, 116), "w2": _rand(rng, 116, 1, 3, 3),
+         "w3": _rand(rng, 58, 116, 1, 1), "s": _rand(rng, 1, 116, 1, 1)}
+    ins = {k: g.add_input(k, v.shape) for k, v in p.items()}
+    y = g.add("relu", g.add("bias_add", g.add("conv2d", x, ins["w1"]), ins["b1"]))
+    z = g.add("conv2d", y, ins["w2"], groups=116, padding=(1, 1, 1, 1))
+    z = g.add("divide", g.add("multiply", z, ins["s"]), g.add_constant(np.array(2.0, F32)))
+    w = g.add("conv2d", z, ins["w3"])
+    g.outputs = [w, g.add("reduce_mean", z, axes=(2, 3), keepdims=True),
+                 g.add("log", g.add("add", y, g.add_constant(np.array(1.0, F32)))),
+                 g.add("concatenate", w, x, axis=1)]
+    opt = optimize(g, params=p)
+    convs = [n for n in opt.nodes if n.op == "conv2d_nchwc"]
+    assert [n.outputs[0].shape[1:] for n in convs] == [(15, 9, 9, 8), (15, 9, 9, 8), (8, 9, 9, 8)]
+    assert convs[1].attrs["groups"] == 120
+    pads = [n for n in opt.nodes if n.op == "layout_transform" and n.attrs["channels"]]
+    assert pads, "expected padded layout transforms"
+    (log,) = [n for n in opt.nodes if n.op == "log"]
+    assert len(log.inputs[0].shape) == 4  # unblocked: the padding lanes never reach the log
+    xv = _rand(rng, 1, 116, 9, 9, scale=1.0)
+    want = evaluate(g, {"x": xv}, p)
+    lib = kiln.build(g, target=target, params=p)
+    gm = kiln.GraphModule(lib["default"](kiln.cpu()))
+    gm.set_input(x=xv)
+    gm.run()
+    for i, ref in enumerate(want):
+        got = gm.get_output(i).numpy()
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_layout_transform_reference_and_kernel() -> None:
+    g = Graph()
+    x = g.add_input("x", (1, 58, 3, 5))
+    b = g.add("layout_transform", x, src_layout="NCHW", dst_layout="NCHW8c", channels=58)
+    b4 = g.add("layout_transform", b, src_layout="NCHW8c", dst_layout="NCHW16c", channels=58)
+    g.outputs = [b, b4, g.add("layout_transform", b4, src_layout="NCHW16c", dst_layout="NCHW", channels=58)]
+    assert [v.shape for v in g.outputs] == [(1, 8, 3, 5, 8), (1, 4, 3, 5, 16), (1, 58, 3, 5)]
+    xv = _rand(np.random.default_rng(2), 1, 58, 3, 5, scale=1.0)
+    want = evaluate(g, {"x": xv})
+    np.testing.assert_array_equal(want[2], xv)
+    assert not want[0][:, 7, :, :, 2:].any() and not want[1][:, 3, :, :, 10:].any()  # zero padding lanes
+    got = _run(g, {}, {"x": xv})
+    for a, b_ in zip(got, want):
+        np.testing.assert_array_equal(a, b_)
+    with pytest.raises(Exception, match="channels"):
+        g2 = Graph()
+        y = g2.add_input("y", (1, 58, 3, 5))
+        g2.add("layout_transform", y, src_layout="NCHW", dst_layout="NCHW8c", channels=40)

@@ -141,8 +141,29 @@ def choose_in_block(channels: int, isa: ISA | None = None) -> int:
     return _largest_divisor(channels, wide)
 
 
-def _conv_plan(node: Any, data_block: int | None, isa: ISA) -> tuple[int, int] | None:
-    """``(ib, ob)`` for an eligible conv2d node, else None."""
+#: Elementwise ops that keep a padding lane finite (zero in, finite out, no blow-up), so the
+#: zero weights of the next convolution cancel it. Any other op reads the value unpadded.
+_PAD_SAFE_UNARY = ("relu", "clip", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "leaky_relu", "negative",
+                   "abs", "gelu", "erf", "elu", "selu", "celu", "silu", "swish", "mish", "softsign", "prelu")
+
+
+def _padded_block(channels: int, isa: ISA) -> int | None:
+    """The narrow block, padding ``channels`` up to a multiple of it, when it does not divide
+    them and the padding costs at most one channel in eight (ShuffleNetV2's 58 / 116 -> 64 /
+    120). Else None: no block of one vector or more fits, and the conv keeps the divisor.
+    """
+    narrow = _block_sizes(isa)[1]
+    if channels % narrow == 0 or channels < 2 * narrow:
+        return None
+    return narrow if (-channels % narrow) * 8 <= channels else None
+
+
+def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = False) -> tuple[int, int] | None:
+    """``(ib, ob)`` for an eligible conv2d node, else None.
+
+    A block may pad its channels (:func:`_padded_block`); ``data_padded``: the data is
+    already blocked by ``data_block`` with padding lanes, so that block is the input block.
+    """
     data, weight = node.inputs
     if data.dtype != "float32" or weight.dtype != "float32" or len(data.shape) != 4:
         return None
@@ -156,16 +177,28 @@ def _conv_plan(node: Any, data_block: int | None, isa: ISA) -> tuple[int, int] |
     tuned_ob = int(current_config("conv2d_layout", wl, {"ob": 0})["ob"])
     if tuned_ob < 4 or o % tuned_ob:
         tuned_ob = 0
+    narrow = _block_sizes(isa)[1]
     if g == 1:
         ob = tuned_ob or choose_out_block(o, ow, isa)
-        ib = data_block if data_block and c % data_block == 0 else choose_in_block(c, isa)
+        if not tuned_ob and ob < narrow:
+            ob = _padded_block(o, isa) or ob
+        if data_block and (data_padded or c % data_block == 0):
+            ib = data_block
+        else:
+            ib = choose_in_block(c, isa)
+            if ib < narrow:
+                ib = _padded_block(c, isa) or ib
         # blocks below 4 lanes would run mostly scalar code: NCHW's kernel is as good there
         if ob < 4:
             return None
         return ib, ob
     if g == c and o == c and cg == 1:
-        b = data_block if data_block and c % data_block == 0 and data_block >= 4 else (
-            tuned_ob or choose_out_block(c, ow, isa, depthwise=True))
+        if data_block and data_block >= 4 and (data_padded or c % data_block == 0):
+            b = data_block
+        else:
+            b = tuned_ob or choose_out_block(c, ow, isa, depthwise=True)
+            if not tuned_ob and b < narrow:
+                b = _padded_block(c, isa) or b
         return (b, b) if b >= 4 else None
     if g > 1 and o % g == 0 and cg * g == c:
         # Grouped (ResNeXt, RegNet): blocked within each group, so output block k reads only its
@@ -174,7 +207,7 @@ def _conv_plan(node: Any, data_block: int | None, isa: ISA) -> tuple[int, int] |
         # NCHW (Zen 3, 1 thread); with 8 or more, 1.8-4.1x faster than NCHW (docs/topi.md).
         og = o // g
         ob = tuned_ob if tuned_ob and og % tuned_ob == 0 else choose_out_block(og, ow, isa)
-        ib = data_block if data_block and cg % data_block == 0 else choose_in_block(cg, isa)
+        ib = data_block if data_block and cg % data_block == 0 and not data_padded else choose_in_block(cg, isa)
         return (ib, ob) if ob >= 8 and og % ob == 0 and cg % ib == 0 and ib >= 4 else None
     return None
 
@@ -196,24 +229,30 @@ class _Builder:
     def nchw(self, v: Value) -> Value:
         if v not in self.plain:
             bv, b = self.blocked[v]
-            self.plain[v] = self.g.add("layout_transform", bv, src_layout=f"NCHW{b}c", dst_layout="NCHW")
+            self.plain[v] = self.g.add("layout_transform", bv, src_layout=f"NCHW{b}c", dst_layout="NCHW",
+                                       channels=v.shape[1] if self.padded(v) else 0)
         return self.plain[v]
 
     def block_of(self, v: Value) -> int | None:
         return self.blocked[v][1] if v in self.blocked else None
+
+    def padded(self, v: Value) -> bool:
+        """``v`` is blocked with padding lanes (its block does not divide its channels)."""
+        return v in self.blocked and v.shape[1] % self.blocked[v][1] != 0
 
     def in_block(self, v: Value, b: int) -> Value:
         if v in self.blocked and self.blocked[v][1] == b:
             return self.blocked[v][0]
         key = (v, b)
         if key not in self.reblocked:
+            pad = v.shape[1] if self.padded(v) or v.shape[1] % b else 0
             if v in self.blocked:
                 bv, ob = self.blocked[v]
                 self.reblocked[key] = self.g.add("layout_transform", bv, src_layout=f"NCHW{ob}c",
-                                                 dst_layout=f"NCHW{b}c")
+                                                 dst_layout=f"NCHW{b}c", channels=pad)
             else:
                 self.reblocked[key] = self.g.add("layout_transform", self.nchw(v), src_layout="NCHW",
-                                                 dst_layout=f"NCHW{b}c")
+                                                 dst_layout=f"NCHW{b}c", channels=pad)
         return self.reblocked[key]
 
     def copy(self, node: Any) -> None:
@@ -234,6 +273,14 @@ def _channel_const(v: Value, shape: tuple[int, ...]) -> np.ndarray | None:
     if full[0] != 1 or full[2] != 1 or full[3] != 1 or full[1] not in (1, c):
         return None
     return np.broadcast_to(arr.reshape(full[1]), (c,))
+
+
+def _blocked_channels(ch: np.ndarray, b: int, fill: float) -> np.ndarray:
+    """A per-channel (C,) array as ``(1, C/b, 1, 1, b)``, padding lanes set to ``fill``."""
+    ch = np.asarray(ch).reshape(-1)
+    if ch.size % b:
+        ch = np.concatenate([ch, np.full(-ch.size % b, fill, ch.dtype)])
+    return np.ascontiguousarray(ch.reshape(1, -1, 1, 1, b))
 
 
 def _concat_block(node: Any, bld: _Builder) -> int | None:
@@ -286,21 +333,32 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
             bld.copy(node)
             continue
         if op == "conv2d":
-            plan = _conv_plan(node, bld.block_of(node.inputs[0]), isa)
+            data, weight = node.inputs
+            plan = _conv_plan(node, bld.block_of(data), isa, bld.padded(data))
+            warr = weight.const_value
+            if plan is not None and warr is None and (data.shape[1] % plan[0] or weight.shape[0] % plan[1]):
+                plan = None  # a weight computed at run time is never padded
             if plan is None:
                 bld.copy(node)
                 continue
             ib, ob = plan
-            data, weight = node.inputs
             dw = node.attrs["groups"] != 1 and weight.shape[1] == 1 and node.attrs["groups"] == data.shape[1]
             wlayout = f"OIHW1i{ob}o" if dw else f"OIHW{ib}i{ob}o"
-            warr = weight.const_value
+            attrs = {k: node.attrs[k] for k in ("strides", "padding", "dilation", "groups")}
             if warr is not None:
-                wv = g.add_constant(convert_layout(np.asarray(warr), "OIHW", wlayout))
+                w = np.asarray(warr)
+                # padding channels get zero weights: their output lanes are zero (bias padded with
+                # zeros too), and whatever a padding input lane holds contributes nothing
+                o_pad = -w.shape[0] % ob
+                i_pad = 0 if dw else -data.shape[1] % ib
+                if o_pad or i_pad:
+                    w = np.pad(w, [(0, o_pad), (0, i_pad), (0, 0), (0, 0)])
+                    if dw:
+                        attrs["groups"] = w.shape[0]
+                wv = g.add_constant(convert_layout(w, "OIHW", wlayout))
             else:
                 wv = g.add("layout_transform", bld.nchw(weight), src_layout="OIHW", dst_layout=wlayout)
-            out = g.add("conv2d_nchwc", bld.in_block(data, ib), wv, name=node.name,
-                        **{k: node.attrs[k] for k in ("strides", "padding", "dilation", "groups")})
+            out = g.add("conv2d_nchwc", bld.in_block(data, ib), wv, name=node.name, **attrs)
             bld.blocked[node.outputs[0]] = (out, ob)
             continue
         outs = node.outputs
@@ -330,7 +388,7 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
             shape = outs[0].shape
             pattern = get_op(op).pattern
             if (pattern == OpPattern.ELEMWISE and len(node.inputs) == 1 and node.inputs[0] in bld.blocked
-                    and node.inputs[0].shape == shape):
+                    and node.inputs[0].shape == shape and (op in _PAD_SAFE_UNARY or not bld.padded(node.inputs[0]))):
                 bv, b = bld.blocked[node.inputs[0]]
                 bld.blocked[outs[0]] = (g.add_node(op, [bv], node.attrs, name=node.name)[0], b)
                 continue
@@ -338,13 +396,15 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
                 bias = node.inputs[1].const_value
                 if bias is not None:
                     bv, b = bld.blocked[node.inputs[0]]
-                    cb = g.add_constant(np.ascontiguousarray(np.asarray(bias).reshape(1, -1, 1, 1, b)))
+                    cb = g.add_constant(_blocked_channels(np.asarray(bias), b, 0))
                     bld.blocked[outs[0]] = (g.add("add", bv, cb, name=node.name), b)
                     continue
             if op in _BLOCKABLE_BINARY and any(v in bld.blocked for v in node.inputs):
                 b = next(bld.blocked[v][1] for v in node.inputs if v in bld.blocked)
                 new_ins: list[Value] | None = []
-                for v in node.inputs:
+                # a padding lane of a computed divisor is zero: x / 0 would poison it
+                divides_padding = shape[1] % b != 0 and op == "divide" and node.inputs[1].const_value is None
+                for v in ([] if divides_padding else node.inputs):
                     if v.shape == shape and (v in bld.blocked or not v.is_constant):
                         new_ins.append(bld.in_block(v, b))
                         continue
@@ -360,8 +420,9 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
                     if ch is None:
                         new_ins = None
                         break
-                    new_ins.append(g.add_constant(np.ascontiguousarray(ch.reshape(1, -1, 1, 1, b).astype(arr.dtype))))
-                if new_ins is not None:
+                    fill = 1 if op == "divide" else 0  # padding lanes stay finite
+                    new_ins.append(g.add_constant(_blocked_channels(ch.astype(arr.dtype), b, fill)))
+                if new_ins is not None and not divides_padding:
                     bld.blocked[outs[0]] = (g.add_node(op, new_ins, node.attrs, name=node.name)[0], b)
                     continue
         bld.copy(node)

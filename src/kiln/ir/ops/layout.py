@@ -4,8 +4,11 @@ A layout string names one axis per letter: an upper-case letter is a *primal* ax
 lower-case one preceded by a factor (``16c``) is the inner part of the primal axis of the same
 letter split by that factor.  ``NCHW16c`` is ``(N, C // 16, H, W, 16)`` with logical channel
 ``c = C_outer * 16 + c_inner``; conv weights use ``OIHW8i16o``, ``(O // 16, I // 8, KH, KW, 8, 16)``.
-Only splits that divide the axis are legal (no channel padding); the layout pass
-(:mod:`kiln.transform.alter_layout`) picks blocks that divide.
+Splits must divide the axis, except the channel axis ``C`` of ``layout_transform`` with a
+``channels`` attribute: ``NCHW -> NCHW8c`` of 116 channels stores 15 blocks whose last 4 lanes
+are zero, and ``NCHW8c -> NCHW`` with ``channels=116`` drops them (see
+:mod:`kiln.transform.alter_layout`, which pads a channel count whose divisors are all below one
+vector).
 
 ``conv2d_nchwc`` is the convolution of the blocked layout (NCHW[x]c data, OIHW[i]i[o]o
 weight, NCHW[o]c output).  Two forms exist: ``groups == 1``, and depthwise
@@ -158,30 +161,77 @@ def convert_layout(x: np.ndarray, src: str, dst: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- layout_transform
-def _lt_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
-    (x,) = ts
-    src, dst = attrs["src_layout"], attrs["dst_layout"]
+def _lt_extents(shape: tuple[int, ...], src: str, dst: str, channels: int) -> tuple[dict[str, int], list[str]]:
+    """Logical extent of every primal axis of a ``layout_transform`` input, and ``dst``'s order.
+
+    ``channels`` (0: none) is the logical channel count where a block pads ``C``: the source's
+    ``C`` extent is then ``channels``, which its blocks must hold with less than one block spare.
+    """
     sl = parse_layout(src)
-    if x.ndim != len(sl):
-        raise InputError(f"layout {src!r} needs a {len(sl)}-D tensor, got shape {x.shape}")
+    if len(shape) != len(sl):
+        raise InputError(f"layout {src!r} needs a {len(sl)}-D tensor, got shape {tuple(shape)}")
     prim = _primal_order(sl)
     dprim = _primal_of(dst)
     if sorted(prim) != sorted(dprim):
         raise InputError(f"layouts {src!r} and {dst!r} have different axes")
     pos = {a: i for i, (a, _) in enumerate(sl)}
-    ext = {a: x.shape[pos[a]] * (x.shape[pos[a.lower()]] if a.lower() in pos else 1) for a in prim}
-    return [TensorType(layout_shape(tuple(ext[a] for a in dprim), dst, dprim), x.dtype)]
+    ext = {a: shape[pos[a]] * (shape[pos[a.lower()]] if a.lower() in pos else 1) for a in prim}
+    if channels:
+        if "C" not in ext:
+            raise InputError(f"channels={channels} needs a channel axis C in {src!r}")
+        f = _factors(sl).get("C", 1)
+        if not ext["C"] - f < channels <= ext["C"]:
+            raise InputError(f"channels={channels} does not fit {src!r} blocks of shape {tuple(shape)}")
+        ext["C"] = channels
+    return ext, list(dprim)
+
+
+def _padded_shape(ext: dict[str, int], dst: str) -> tuple[int, ...]:
+    """``layout_shape`` whose ``C`` blocks may pad (ceil) rather than divide."""
+    lay = parse_layout(dst)
+    facs = _factors(lay)
+    for a, f in facs.items():
+        if a != "C" and ext[a] % f:
+            raise InputError(f"layout {dst!r}: factor {f} does not divide axis {a} of extent {ext[a]}")
+    return tuple(f if f else -(-ext[a] // facs.get(a, 1)) for a, f in lay)
+
+
+def _lt_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
+    (x,) = ts
+    src, dst, channels = attrs["src_layout"], attrs["dst_layout"], attrs["channels"]
+    ext, dprim = _lt_extents(x.shape, src, dst, channels)
+    if channels:
+        return [TensorType(_padded_shape(ext, dst), x.dtype)]
+    return [TensorType(layout_shape(tuple(ext[a] for a in dprim), dst, "".join(dprim)), x.dtype)]
+
+
+def _lt_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    x, src, dst, channels = xs[0], attrs["src_layout"], attrs["dst_layout"], attrs["channels"]
+    if not channels:
+        return [convert_layout(x, src, dst)]
+    p = layout_to_primal(x, src)
+    prim = _primal_of(src)
+    ci = prim.index("C")
+    p = np.take(p, np.arange(channels), axis=ci)  # drop the source's padding lanes
+    dprim = _primal_of(dst)
+    if dprim != prim:
+        p = np.ascontiguousarray(p.transpose([prim.index(a) for a in dprim]))
+    f = _factors(parse_layout(dst)).get("C", 1)
+    widths = [(0, 0)] * p.ndim
+    widths[dprim.index("C")] = (0, -channels % f)
+    return [primal_to_layout(np.pad(p, widths), dprim, dst)]
 
 
 register_op(
-    "layout_transform", attrs={"src_layout": ("str", REQUIRED), "dst_layout": ("str", REQUIRED)},
+    "layout_transform", attrs={"src_layout": ("str", REQUIRED), "dst_layout": ("str", REQUIRED),
+                               "channels": ("int", 0)},
     # OPAQUE, not INJECTIVE: a transform at a chain's edge must not pull the conv's
     # elementwise epilogue out of the conv kernel (an INJECTIVE group absorbs elementwise
     # producers, and the anchor can then only join an elementwise group).
     type_rel=_lt_rel, pattern=OpPattern.OPAQUE,
-    ref=lambda xs, a: [convert_layout(xs[0], a["src_layout"], a["dst_layout"])],
-    num_inputs=1, inputs=("data",),
-    doc="re-store a tensor in another (blocked) layout, e.g. NCHW -> NCHW16c")
+    ref=_lt_ref, num_inputs=1, inputs=("data",),
+    doc="re-store a tensor in another (blocked) layout, e.g. NCHW -> NCHW16c; channels (0: the blocks "
+        "divide C) is the logical channel count when a channel block pads it")
 
 
 # ----------------------------------------------------------------------------- conv2d_nchwc

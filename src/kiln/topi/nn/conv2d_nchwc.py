@@ -119,12 +119,13 @@ def _conv2d_nchwc(attrs: dict, inputs: list, out_types: list) -> list:
                          int(attrs["groups"]))]
 
 
-def layout_transform(data: te.Tensor, src_layout: str, dst_layout: str) -> te.Tensor:
+def layout_transform(data: te.Tensor, src_layout: str, dst_layout: str, channels: int = 0) -> te.Tensor:
     """Re-store ``data`` from ``src_layout`` to ``dst_layout`` (e.g. ``NCHW`` -> ``NCHW16c``).
 
     Every output element reads one input element: logical (primal) coordinates are rebuilt
     from the destination index (``outer * factor + inner``) and split again by the source
-    layout's factors.
+    layout's factors. ``channels`` (0: none) is the logical channel count when a channel
+    block pads it: a padded destination's extra lanes are zero, a padded source's are skipped.
     """
     src, dst = parse_layout(src_layout), parse_layout(dst_layout)
     sfac = {a.upper(): f for a, f in src if f}
@@ -132,8 +133,11 @@ def layout_transform(data: te.Tensor, src_layout: str, dst_layout: str) -> te.Te
     spos = {a: i for i, (a, _) in enumerate(src)}
     ext = {a: data.shape[spos[a]] * (data.shape[spos[a.lower()]] if a.lower() in spos else 1)
            for a, f in src if not f}
-    shape = tuple(f if f else ext[a] // dfac.get(a, 1) for a, f in dst)
+    if channels:
+        ext["C"] = channels
+    shape = tuple(f if f else -(-ext[a] // dfac.get(a, 1)) for a, f in dst)
     dpos = {a: i for i, (a, _) in enumerate(dst)}
+    pads = bool(channels) and channels % dfac.get("C", 1) != 0
 
     def body(*i: Any) -> Any:
         logical = {}
@@ -152,6 +156,12 @@ def layout_transform(data: te.Tensor, src_layout: str, dst_layout: str) -> te.Te
                 idx.append(te.floordiv(logical[a], sfac[a]) if sfac[a] > 1 else logical[a])
             else:
                 idx.append(logical[a])
+        if pads:
+            # a padding lane reads nothing (the clamped index keeps the load in bounds)
+            c = logical["C"]
+            idx = [te.minimum(i, te.const(-(-ext["C"] // sfac.get("C", 1)) - 1))
+                   if a.upper() == "C" and not f else i for (a, f), i in zip(src, idx)]
+            return te.if_then_else(c < channels, data[tuple(idx)], te.const(0, data.dtype))
         return data[tuple(idx)]
 
     return te.compute(shape, body, name="layout_transform", tag=TAG_INJECTIVE)
@@ -159,7 +169,7 @@ def layout_transform(data: te.Tensor, src_layout: str, dst_layout: str) -> te.Te
 
 @register_compute("layout_transform")
 def _layout_transform(attrs: dict, inputs: list, out_types: list) -> list:
-    return [layout_transform(inputs[0], attrs["src_layout"], attrs["dst_layout"])]
+    return [layout_transform(inputs[0], attrs["src_layout"], attrs["dst_layout"], int(attrs.get("channels", 0)))]
 
 
 def max_pool2d_nchwc(data: te.Tensor, pool_size: tuple[int, int], strides: tuple[int, int],
