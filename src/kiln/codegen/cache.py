@@ -45,8 +45,8 @@ from .._version import __version__
 from ..runtime import cc as _cc
 from ..runtime import crt_source_path, include_path
 
-__all__ = ["cache_dir", "cache_enabled", "make_key", "cached_file", "lookup", "store", "build_shared", "stats",
-           "source_digest", "reset_stats", "max_bytes", "DEFAULT_MAX_BYTES", "KEY_FILE"]
+__all__ = ["cache_dir", "cache_enabled", "make_key", "cached_file", "cached_object", "lookup", "store", "build_shared",
+           "stats", "source_digest", "reset_stats", "max_bytes", "DEFAULT_MAX_BYTES", "KEY_FILE"]
 
 #: Default size cap of the cache (``$KILN_CACHE_MAX_BYTES`` overrides; ``0`` = unlimited).
 DEFAULT_MAX_BYTES = 1 << 30
@@ -304,6 +304,21 @@ def cached_file(key: str, ext: str, produce: Callable[[str], None], what: str = 
     if where is None:
         return _uncached(ext, produce)
     return _produce_entry(key, ext, where, produce, what)
+
+
+def cached_object(key: str, ext: str, produce: Callable[[str], None]) -> str | None:
+    """The runtime's persistent object cache (:data:`kiln.runtime.cc.ObjectCache`).
+
+    ``export_library`` asks it for the objects of the Kiln crt and C API driver
+    (:func:`kiln.runtime.cc.compile_object_cached` computes ``key``), so a fresh process
+    does not run the C compiler for them. Same trust rules as every entry: a hit is served
+    only if its HMAC verifies, anything else is rebuilt with ``produce``. ``None`` when the
+    cache is disabled (``KILN_CACHE=0``) or not trusted: the runtime then compiles into its
+    own private directory (no stray temporary entry is left behind).
+    """
+    if _entry_path(key, ext) is None:
+        return None
+    return cached_file(key, ext, produce, what="runtime object")
 
 
 def _produce_entry(key: str, ext: str, where: tuple[str, bytes], produce: Callable[[str], None],

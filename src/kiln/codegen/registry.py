@@ -103,4 +103,13 @@ def build_module(funcs: PrimFunc | Sequence[PrimFunc] | dict[str, PrimFunc], tar
             raise CompileError(f"build_module expects PrimFuncs, got {type(f).__name__}")
     if not flist:
         raise CompileError("build_module: no functions to build")
-    return get_codegen(tgt.kind.name)(flist, tgt)
+    mod = get_codegen(tgt.kind.name)(flist, tgt)
+    # export_library keeps the crt / C API objects in the on-disk compile cache through this
+    # hook (the runtime cannot import the cache itself: docs/kernels.md, "Compile cache").
+    from .cache import cached_object
+
+    try:
+        mod.export_object_cache = cached_object
+    except AttributeError:  # a plug-in module type with fixed attributes: per-process objects only
+        pass
+    return mod

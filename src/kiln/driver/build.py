@@ -307,6 +307,8 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     factory.build_stats = stats
     factory.lowered = lowered
     factory.get_stats = stats.as_dict
+    # export_library: the crt / C API objects come from the on-disk compile cache
+    factory.export_object_cache = codegen.cache.cached_object
     return factory
 
 

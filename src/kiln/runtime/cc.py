@@ -32,7 +32,11 @@ from .errors import CompileError
 __all__ = [
     "get_cc",
     "create_shared",
+    "compile_object",
     "compile_object_cached",
+    "object_cache_key",
+    "compiler_version",
+    "ObjectCache",
     "fast_linker",
     "create_staticlib",
     "archiver_for",
@@ -169,12 +173,30 @@ create_shared.object_format = "o"  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------------
-# per-process object cache and linker choice (used by export_library)
+# object cache (per process, optionally persistent) and linker choice (used by export_library)
 # ------------------------------------------------------------------------------------
 _cache_lock = threading.Lock()
 _object_cache: dict[tuple[str, ...], str] = {}
+_object_locks: dict[tuple[str, ...], threading.Lock] = {}
 _object_dir: tuple[int, str] | None = None  # (owning pid, directory)
 _linker_cache: dict[tuple[str, ...], str | None] = {}
+_version_cache: dict[tuple[str, ...], str | None] = {}
+_header_digests: dict[str, str] = {}
+
+#: The persistent object cache protocol: ``object_cache(key, ext, produce) -> path or None``.
+#: ``key`` is a SHA-256 hex digest of everything that determines the object (see
+#: :func:`compile_object_cached`), ``ext`` the file extension (``"o"``), ``produce(path)``
+#: compiles the object to ``path``. The cache returns the path of a valid entry (building it
+#: with ``produce`` on a miss), or ``None`` when it is disabled or unusable (the caller then
+#: compiles privately). The runtime implements no persistent cache itself: the compiler side
+#: passes :func:`kiln.codegen.cache.cached_object` (``docs/kernels.md``, "Compile cache").
+ObjectCache = Callable[[str, str, Callable[[str], None]], str | None]
+
+#: Options that read files the key cannot see (include directories, forced includes, another
+#: sysroot, compiler specs, response files): with one of them the object is not persisted.
+_UNKEYED_OPTION_PREFIXES = ("-I", "-isystem", "-iquote", "-idirafter", "-iprefix", "-iwithprefix", "-include",
+                            "-imacros", "--include", "--sysroot", "-isysroot", "-B", "-specs", "--specs",
+                            "-fplugin", "-Xclang", "@")
 
 #: Linkers tried by :func:`fast_linker`, fastest first. Linking a 98 MiB library (ResNet-50
 #: weights in the blob section, build id given on the command line) took 0.27-0.45 s with GNU
@@ -199,28 +221,143 @@ def _private_object_dir() -> str:
     return _object_dir[1]
 
 
+def compiler_version(compiler: Sequence[str]) -> str | None:
+    """First line of ``<compiler> --version`` (memoised per process), or ``None`` if it fails."""
+    key = tuple(compiler)
+    with _cache_lock:
+        if key in _version_cache:
+            return _version_cache[key]
+    try:
+        proc = subprocess.run([*compiler, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              timeout=30)
+        lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+        got = lines[0].strip() if proc.returncode == 0 and lines else None
+    except (OSError, subprocess.SubprocessError):
+        got = None
+    with _cache_lock:
+        _version_cache[key] = got
+    return got
+
+
+def _headers_digest(inc: str) -> str:
+    """SHA-256 over every file under the Kiln include directory (memoised per process)."""
+    with _cache_lock:
+        got = _header_digests.get(inc)
+    if got is not None:
+        return got
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(inc):
+        dirs.sort()
+        for name in sorted(files):
+            p = os.path.join(root, name)
+            with open(p, "rb") as f:
+                data = f.read()
+            for field in (os.path.relpath(p, inc).encode("utf-8", "surrogateescape"), data):
+                h.update(len(field).to_bytes(8, "little"))
+                h.update(field)
+    got = h.hexdigest()
+    with _cache_lock:
+        _header_digests[inc] = got
+    return got
+
+
+def object_cache_key(compiler: Sequence[str], flags: Sequence[str], source: str, content: bytes) -> str | None:
+    """The persistent cache key of ``compiler flags -c source`` (SHA-256 hex), or ``None``.
+
+    Covers the Kiln version, the machine, the compiler command, its resolved path and the
+    first line of its ``--version``, every flag, the source's path and content, and the
+    content of every Kiln header (the include directory). ``None`` when the object must not
+    be persisted: the compiler's version cannot be read, or a flag reads files the key
+    cannot see (:data:`_UNKEYED_OPTION_PREFIXES`, other than the Kiln include directory).
+    """
+    from .._version import __version__
+
+    inc = _include_path()
+    i = 0
+    while i < len(flags):
+        if flags[i] == "-I" and i + 1 < len(flags) and flags[i + 1] == inc:
+            i += 2  # the Kiln include directory: its headers are in the key
+            continue
+        if flags[i].startswith(_UNKEYED_OPTION_PREFIXES):
+            return None
+        i += 1
+    version = compiler_version(compiler)
+    if version is None:
+        return None
+    resolved = shutil.which(compiler[0]) if compiler else None
+    h = hashlib.sha256()
+    fields: list[str | bytes] = ["kiln-object-v1", __version__, platform.machine(), shlex.join(compiler),
+                                 os.path.realpath(resolved) if resolved else "", version, shlex.join(flags),
+                                 source, hashlib.sha256(content).hexdigest(), _headers_digest(inc)]
+    for field in fields:
+        b = field.encode("utf-8", "surrogateescape") if isinstance(field, str) else field
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def _object_flags(options: Sequence[str] | None) -> list[str]:
+    """The flags :func:`create_shared` would compile a C source with, for ``-c``."""
+    return [o for o in DEFAULT_OPTIONS if o != "-shared"] + ["-I", _include_path()] + list(options or [])
+
+
+def compile_object(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    options: Sequence[str] | None = None,
+    cc: str | None = None,
+) -> str:
+    """Compile one C source to the object ``output``, with the flags :func:`create_shared` uses.
+
+    Linking the object is equivalent to passing the source to :func:`create_shared`.
+
+    Returns
+    -------
+    str
+        ``output``.
+
+    Raises
+    ------
+    CompileError
+        If the compiler fails.
+    """
+    compiler = shlex.split(cc) if cc else shlex.split(get_cc())
+    out = os.fspath(output)
+    _run(compiler + _object_flags(options) + ["-c", os.path.abspath(os.fspath(source)), "-o", out], None)
+    return out
+
+
 def compile_object_cached(
     source: str | os.PathLike,
     options: Sequence[str] | None = None,
     cc: str | None = None,
+    object_cache: ObjectCache | None = None,
 ) -> str:
     """Compile one C source to an object file, once per process per (compiler, options, source).
 
-    ``export_library`` links the Kiln crt into every library; compiling it once and reusing
-    the object saves a C compile (about 0.1 s) per export. The object is compiled with the
-    flags :func:`create_shared` would use for it (``DEFAULT_OPTIONS`` without ``-shared``,
-    the Kiln include path, then ``options``), so linking it is equivalent to passing the source.
+    ``export_library`` links the Kiln crt and the C API driver into every library; compiling
+    each once and reusing the object saves a C compile (0.15-0.7 s) per export. The object is
+    compiled with the flags :func:`create_shared` would use for it (``DEFAULT_OPTIONS``
+    without ``-shared``, the Kiln include path, then ``options``), so linking it is
+    equivalent to passing the source.
+
+    With ``object_cache`` (the :data:`ObjectCache` protocol, e.g. the on-disk compile cache
+    the compiler side passes), the object also outlives the process: on a first use in a
+    process the cache is asked for the entry :func:`object_cache_key` names, and only
+    compiles when it has no valid one. Several threads may compile different sources at once.
 
     Parameters
     ----------
     source : path
-        A ``.c`` file. Its content is part of the key; headers it includes are not (they
-        ship with the package and do not change while a process runs).
+        A ``.c`` file. Its content is part of the key; so are the Kiln headers when the
+        object is persisted (within a process they ship with the package and do not change).
     options : list of str, optional
         Extra flags, as given to :func:`create_shared` (linker-only flags are ignored by
         ``-c``).
     cc : str, optional
         Compiler command; defaults to :func:`get_cc`.
+    object_cache : callable, optional
+        Persistent cache (:data:`ObjectCache`); default: this process only.
 
     Returns
     -------
@@ -236,21 +373,44 @@ def compile_object_cached(
     opts = list(options or [])
     src = os.path.abspath(os.fspath(source))
     with open(src, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    inc = ["-I", _include_path()]
-    flags = [o for o in DEFAULT_OPTIONS if o != "-shared"] + inc + opts
+        content = f.read()
+    digest = hashlib.sha256(content).hexdigest()
+    flags = _object_flags(opts)
     key = (*compiler, "\0", *flags, "\0", src, digest)
-    with _cache_lock:  # one compile per key even when several threads export at once
+    with _cache_lock:
         d = _private_object_dir()
         hit = _object_cache.get(key)
         if hit is not None and os.path.isfile(hit):
             return hit
+        lock = _object_locks.setdefault(key, threading.Lock())
+    with lock:  # one compile per key even when several threads export at once
+        with _cache_lock:
+            hit = _object_cache.get(key)
+            if hit is not None and os.path.isfile(hit):
+                return hit
         name = hashlib.sha256("\n".join(key).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         obj = os.path.join(d, f"{name}.o")
         tmp = obj + ".tmp.o"
-        _run(compiler + flags + ["-c", src, "-o", tmp], None)
+
+        def produce(out: str) -> None:
+            _run(compiler + flags + ["-c", src, "-o", out], None)
+
+        entry = None
+        if object_cache is not None:
+            pkey = object_cache_key(compiler, flags, src, content)
+            if pkey is not None:
+                try:
+                    entry = object_cache(pkey, "o", produce)
+                except OSError:
+                    entry = None  # an unusable cache: compile privately
+        if entry is not None:
+            # A private copy: the entry may be evicted (or replaced) while this process links.
+            shutil.copyfile(entry, tmp)
+        else:
+            produce(tmp)
         os.replace(tmp, obj)  # never leave a half-written object under the final name
-        _object_cache[key] = obj
+        with _cache_lock:
+            _object_cache[key] = obj
         return obj
 
 

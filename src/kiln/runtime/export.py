@@ -14,8 +14,9 @@ Linking with the default ``fcompile`` avoids copying a large blob more than need
 (``docs/library_format.md``, "How the .so is linked"): the blob is written once, from its
 serialized pieces, straight into a relocatable object (:mod:`kiln.runtime.elf_object`; the
 ``devc.S`` ``.incbin`` path remains for other targets and custom ``fcompile`` functions),
-the crt object is reused within a process, and a large library is linked with gold and a
-build id hashed from its inputs.
+the crt and C API objects are reused within a process (and across processes through the
+``object_cache`` the compiler side passes, :func:`kiln.runtime.cc.compile_object_cached`),
+and a large library is linked with gold and a build id hashed from its inputs.
 
 Loading never runs library code before the file has been checked: the digest trailer is
 verified (or, without one, the file must end where its ELF image ends), the blob is read
@@ -25,6 +26,7 @@ still running the library's code: trust a library like an executable (``docs/sec
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -208,6 +210,52 @@ def _input_build_id(files: Sequence[str], blob_pieces: Sequence[bytes | bytearra
     return h.hexdigest()
 
 
+def _in_thread(fn: Callable[..., str], *args: Any) -> Callable[[], str]:
+    """Start ``fn(*args)`` in a thread; the returned function joins it and returns (or raises) its result."""
+    import threading
+
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(fn(*args))
+        except Exception as err:  # noqa: BLE001 - re-raised in the caller by result()
+            box.append(err)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def result() -> str:
+        t.join()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return str(box[0])
+
+    return result
+
+
+def _objects_in_background(jobs: dict[str, Callable[[], str]]) -> Callable[[], dict[str, str]]:
+    """Run each ``jobs[source]()`` (a C compile) in its own thread; the returned function joins them.
+
+    It returns ``{source: object}`` for the compiles that succeeded; a source whose compile
+    raised ``CompileError`` / ``OSError`` is left out (the caller links the source instead,
+    and the link reports any real error). The compiler runs as a subprocess, so the threads
+    overlap with each other and with the caller's own work (writing the blob object).
+    """
+    started = {src: _in_thread(job) for src, job in jobs.items()}
+
+    def wait() -> dict[str, str]:
+        out: dict[str, str] = {}
+        for src, result in started.items():
+            try:
+                out[src] = result()
+            except (CompileError, OSError):
+                pass
+        return out
+
+    return wait
+
+
 def _link_shared(
     path: str,
     module_files: Sequence[str],
@@ -218,6 +266,8 @@ def _link_shared(
     workspace: str,
     cc: str | None = None,
     isa_note: bytes | None = None,
+    object_cache: "_cc.ObjectCache | None" = None,
+    generated: Sequence[str] = (),
     **kwargs: Any,
 ) -> None:
     """Link a library with :func:`kiln.runtime.cc.create_shared`, the fast way where possible.
@@ -225,8 +275,11 @@ def _link_shared(
     Equivalent to one ``create_shared(path, modules + [crt_source, devc.S] + addons)`` call
     (what a custom ``fcompile`` still gets), but:
 
-    * the crt is compiled once per process and options
-      (:func:`kiln.runtime.cc.compile_object_cached`);
+    * the crt and the C API driver are compiled once per process and options
+      (:func:`kiln.runtime.cc.compile_object_cached`), and with ``object_cache`` once per
+      cache (the on-disk compile cache the compiler side passes); the C API driver and the
+      ``generated`` C files (the model's C API tables) are compiled in the background while
+      the crt is compiled and the blob object written;
     * the blob is written straight into a relocatable object (:mod:`kiln.runtime.elf_object`)
       when the compiler makes ELF64 little-endian objects for a supported machine (else
       through ``devc.S`` as before);
@@ -239,8 +292,20 @@ def _link_shared(
 
     header = None
     crt_files = [crt_source]
+    # The C API: the driver (the same for every model: compiled once per process, or taken
+    # from object_cache) and the generated tables (per model: compiled into the workspace),
+    # both in the background while the crt is compiled and the blob object written.
+    api = api_source_path()
+    jobs: dict[str, Callable[[], str]] = {}
+    for f in addon_files:
+        if f == api:
+            jobs[f] = functools.partial(_cc.compile_object_cached, f, opts, cc, object_cache=object_cache)
+        elif f in generated and f.endswith(".c"):
+            obj = os.path.join(workspace, os.path.basename(f)[:-2] + ".o")
+            jobs[f] = functools.partial(_cc.compile_object, f, obj, opts, cc)
+    wait_objects = _objects_in_background(jobs)
     try:
-        crt_obj = _cc.compile_object_cached(crt_source, opts, cc)
+        crt_obj = _cc.compile_object_cached(crt_source, opts, cc, object_cache=object_cache)
         crt_files = [crt_obj]
         header = read_object_header(crt_obj)  # the blob object copies the compiler's target fields
     except (CompileError, FormatError, OSError):
@@ -258,21 +323,24 @@ def _link_shared(
                     and not any(o.startswith(_LINKER_OPTION_PREFIXES) for o in opts)):
                 linker = _cc.fast_linker(cc)
                 ours = linker is not None
-                build_id = _input_build_id(files + list(addon_files), pieces, [*opts, f"linker={linker}"], cc)
+                # Hash the inputs while the blob object is written: both stream the whole blob
+                # (hashlib and file writes release the GIL), so on two cores they overlap.
+                id_args = (files + list(addon_files), pieces, [*opts, f"linker={linker}"], cc)
+                hashed = _in_thread(_input_build_id, *id_args)
+                try:
+                    files.append(_write_blob_object(workspace, pieces, header))
+                finally:
+                    build_id = hashed()
                 link_opts.append(f"-Wl,--build-id=0x{build_id}")
-            files.append(_write_blob_object(workspace, pieces, header))
+            else:
+                files.append(_write_blob_object(workspace, pieces, header))
         else:
             _, asm = _write_blob_files(workspace, pieces)
             files.append(asm)
     if isa_note is not None:
         files.append(_write_isa_file(workspace, isa_note, header))
-    for f in addon_files:
-        if f == api_source_path():  # the same for every model: compiled once per process, like the crt
-            try:
-                f = _cc.compile_object_cached(f, opts, cc)
-            except CompileError:
-                pass  # the link reports it
-        files.append(f)
+    objs = wait_objects()
+    files += [objs.get(f, f) for f in addon_files]  # a source that failed to compile: the link reports it
 
     out = path
     stage = None
@@ -311,6 +379,7 @@ def _archive_static(
     cc: str | None = None,
     isa_note: bytes | None = None,
     ar: str | None = None,
+    object_cache: "_cc.ObjectCache | None" = None,
 ) -> None:
     """Write a static library (``ar`` archive): the objects ``_link_shared`` would link.
 
@@ -321,14 +390,15 @@ def _archive_static(
     """
     from .elf_object import read_object_header
 
-    crt_obj = _cc.compile_object_cached(crt_source, opts, cc)
+    crt_obj = _cc.compile_object_cached(crt_source, opts, cc, object_cache=object_cache)
     header = read_object_header(crt_obj)
     objects = [crt_obj]
     for src in list(module_files) + list(sources):
         if os.path.splitext(src)[1] in (".o", ".a"):
             objects.append(src)
-        else:
-            objects.append(_cc.compile_object_cached(src, opts, cc))
+        else:  # only Kiln's own sources go to the persistent cache; model code is per model
+            objects.append(_cc.compile_object_cached(
+                src, opts, cc, object_cache=object_cache if src == api_source_path() else None))
     if packed is not None:
         pieces = _pieces(packed)
         if header is not None and header.writable:
@@ -350,6 +420,15 @@ def _archive_static(
     _cc.create_staticlib(path, staged, ar=ar or _cc.archiver_for(cc))
 
 
+def _find_object_cache(modules: Sequence["Module"]) -> "_cc.ObjectCache | None":
+    """The first ``export_object_cache`` a module carries (set by the compiler side), or None."""
+    for m in modules:
+        fn = getattr(m, "export_object_cache", None)
+        if callable(fn):
+            return fn
+    return None
+
+
 def _dedupe(items: Sequence[str]) -> list[str]:
     seen: set[str] = set()
     out = []
@@ -368,6 +447,7 @@ def export_library(
     cc: str | None = None,
     options: Sequence[str] | None = None,
     addons: Sequence[str | os.PathLike] | None = None,
+    object_cache: "_cc.ObjectCache | None" = None,
     **kwargs: Any,
 ) -> str:
     """Export ``module`` and everything it imports as one library.
@@ -392,6 +472,13 @@ def export_library(
         the loader's allow-list (:func:`kiln.runtime.tar_manifest.is_allowed_option`).
     addons : list of path, optional
         Extra source / object files compiled into the library.
+    object_cache : callable, optional
+        A persistent cache for the objects of Kiln's own C sources (the crt and the C API
+        driver), :data:`kiln.runtime.cc.ObjectCache`. Default: the ``export_object_cache``
+        attribute of ``module`` or of the first code module that has one (modules built by
+        :mod:`kiln.codegen` carry :func:`kiln.codegen.cache.cached_object`, the on-disk
+        compile cache), else none: compiled once per process. Used only when linking
+        with the default ``fcompile``.
     **kwargs
         Passed on to ``fcompile``.
 
@@ -512,17 +599,19 @@ def export_library(
             writer(path, files)
             return path
 
+        if object_cache is None:
+            object_cache = _find_object_cache([module, *dso])
         if is_static:
             # Code for another machine (-mtriple) is compiled by that machine's cross compiler.
             cc = cc or _cc.cc_for_modules(dso)
             _archive_static(path, saved, crt_source_path(), packed, api_files + addon_files, opts, workspace,
-                            cc=cc, isa_note=isa_note, ar=kwargs.get("ar"))
+                            cc=cc, isa_note=isa_note, ar=kwargs.get("ar"), object_cache=object_cache)
             return path
         if fcompile is None or fcompile is _cc.create_shared:
             # Code for another machine (-mtriple) is linked by that machine's cross compiler.
             cc = cc or _cc.cc_for_modules(dso)
             _link_shared(path, saved, crt_source_path(), packed, api_files + addon_files, opts, workspace, cc=cc,
-                         isa_note=isa_note, **kwargs)
+                         isa_note=isa_note, object_cache=object_cache, generated=api_files, **kwargs)
         else:
             # A custom fcompile (cross compiler, other toolchain) gets the plain inputs: it
             # decides how sources are compiled, so the crt and blob stay source / assembly.
