@@ -12,14 +12,15 @@ from ..types import LOW_PRECISION_DTYPES, TensorType, np_dtype
 from ._util import Attrs, broadcast_shapes, norm_axis, require_float, same_dtype
 from .lowp_ref import cast_low_precision
 
-try:  # scipy is optional; math.erf is exact but slower
-    from scipy.special import erf as _erf_impl
-except ImportError:  # pragma: no cover
-    _erf_impl = np.vectorize(math.erf, otypes=[np.float64])
-
-
 def _erf(x: np.ndarray) -> np.ndarray:
-    return _erf_impl(x.astype(np.float64))
+    # scipy is optional (math.erf is exact but slower) and imported on first use: importing
+    # scipy.special costs ~0.25 s, which every process paid at `import kiln` for a reference
+    # most builds never evaluate
+    try:
+        from scipy.special import erf as impl
+    except ImportError:  # pragma: no cover
+        impl = np.vectorize(math.erf, otypes=[np.float64])
+    return impl(x.astype(np.float64))
 
 
 # ----------------------------------------------------------------------------- type relations
