@@ -183,27 +183,20 @@ class Analyzer:
                         continue
                     if _divmod_by_const(partner, "floordiv") and partner.b.value == m \
                             and _key(partner.a) == xk:
-                        del terms[key], terms[pkey]
-                        xt, xc = self._linear(x)
-                        for k2, (a2, c2) in xt.items():
-                            if k2 in terms:
-                                terms[k2][1] += co * c2
-                            else:
-                                terms[k2] = [a2, co * c2]
-                        c += co * xc
+                        folded = x  # m*(x // m) + x % m
                     elif _divmod_by_const(partner, "floormod") and _divmod_by_const(partner.a, "floordiv") \
                             and partner.a.b.value == m and _key(partner.a.a) == xk:
-                        del terms[key], terms[pkey]
-                        merged = self._divmod("floormod", x, m * partner.b.value, atom.dtype)
-                        mt, mc = self._linear(merged)
-                        for k2, (a2, c2) in mt.items():
-                            if k2 in terms:
-                                terms[k2][1] += co * c2
-                            else:
-                                terms[k2] = [a2, co * c2]
-                        c += co * mc
+                        folded = self._divmod("floormod", x, m * partner.b.value, atom.dtype)
                     else:
                         continue
+                    del terms[key], terms[pkey]
+                    ft, fc = self._linear(folded)
+                    for k2, (a2, c2) in ft.items():
+                        if k2 in terms:
+                            terms[k2][1] += co * c2
+                        else:
+                            terms[k2] = [a2, co * c2]
+                    c += co * fc
                     changed = True
                     break
         for key in [k for k, (_, co) in terms.items() if co == 0]:
