@@ -131,8 +131,11 @@ def _prepare(mod: Any, params: Mapping[str, Any] | None, opt_level: int, target:
     from ..driver.build import _check_graph, optimize
     from ..transform.fuse import fuse_ops
 
-    # the same graph the build of this target lowers (its conv layout blocks depend on the ISA)
-    return fuse_ops(optimize(_check_graph(mod), params, opt_level, target=target), opt_level=opt_level)
+    # the same graph the build of this target lowers (its conv layout blocks depend on the ISA),
+    # but with dense weights unpacked: the panel width is a knob of the dense tasks, and a build
+    # with the tuning log packs them at the tuned width
+    return fuse_ops(optimize(_check_graph(mod), params, opt_level, target=target, disabled=("PackDenseWeights",)),
+                    opt_level=opt_level)
 
 
 def extract_tasks(mod: Any, params: Mapping[str, Any] | None = None, target: Any = "llvm",

@@ -141,7 +141,7 @@ def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int
     -------
     Graph
     """
-    from ..transform import AlterConvLayout, default_pipeline
+    from ..transform import AlterConvLayout, PackDenseWeights, default_pipeline
 
     trace = None
     if timer is not None and timer.debug:
@@ -150,8 +150,9 @@ def optimize(mod: Graph, params: Mapping[str, Any] | None = None, opt_level: int
                   file=sys.stderr)
     seq = default_pipeline(params, opt_level=opt_level)
     if target is not None:
-        # the pipeline's layout pass knows no target; give it this build's
-        seq.passes = [AlterConvLayout(target) if p.name == "AlterConvLayout" else p for p in seq.passes]
+        # the pipeline's layout passes know no target; give them this build's
+        targeted = {"AlterConvLayout": AlterConvLayout, "PackDenseWeights": PackDenseWeights}
+        seq.passes = [targeted[p.name](target) if p.name in targeted else p for p in seq.passes]
     seq.disabled |= set(disabled)
     if trace is not None:
         seq.trace = trace
@@ -240,7 +241,7 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     _check_graph(mod)
     originals = original_param_arrays(mod, params)
     # the blocked conv layout is tuned for CPU SIMD; GPU schedules want plain NCHW
-    disabled = ("AlterConvLayout",) if dts.uses_accelerator else ()
+    disabled = ("AlterConvLayout", "PackDenseWeights") if dts.uses_accelerator else ()
     tuning = _tuning_context(tuning_log, dts.primary)
     tuned = {"kernels": 0, "hits": 0, "layouts": 0}
 

@@ -414,7 +414,7 @@ def _channel_norm(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) ->
 def _dense(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
     data, weight = ts
     _same_dim(data.dims[-1], weight.dims[1], "dense: reduction dim of data against weight")
-    return [_sym(data.dims[:-1] + (weight.dims[0],), outs[0])]
+    return [_sym(data.dims[:-1] + (attrs.get("units") or weight.dims[0],), outs[0])]
 
 
 @sym_rule("matmul")

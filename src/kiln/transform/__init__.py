@@ -16,6 +16,7 @@ Typical pipeline (what the build driver runs)::
 
 from .pipeline import Pass, Sequential, graph_pass
 from .alter_layout import AlterConvLayout, alter_conv_layout
+from .pack_dense import PackDenseWeights, pack_dense_weights
 from .infer_type import InferType, infer_type
 from .flatten_matmul import FlattenMatmul, flatten_matmul
 from .prune_conv_taps import PruneConvTaps, prune_conv_taps
@@ -32,17 +33,19 @@ def default_pipeline(params=None, opt_level: int = 2, disabled=()) -> Sequential
     """The standard graph pipeline: bind params, infer types, fold, simplify, fuse RMSNorm /
     tanh-GELU chains into their ops, flatten shared-weight products over leading dims, prune
     conv taps that read only padding, fold again, and (opt_level 3) run conv chains in the
-    blocked layout; ``disabled`` names passes to skip."""
+    blocked layout and store dense weights as their kernels' panels; ``disabled`` names passes
+    to skip."""
     passes = []
     if params:
         passes.append(BindParams(params))
     passes += [InferType(), FoldConstant(), Simplify(opt_level), FusePatterns(), FlattenMatmul(),
-               PruneConvTaps(), FoldConstant(), AlterConvLayout(), DeadCodeElimination()]
+               PruneConvTaps(), FoldConstant(), AlterConvLayout(), PackDenseWeights(), DeadCodeElimination()]
     return Sequential(passes, opt_level=opt_level, disabled=disabled, name="default_pipeline")
 
 
 __all__ = [
     "Pass", "Sequential", "graph_pass", "default_pipeline", "AlterConvLayout", "alter_conv_layout",
+    "PackDenseWeights", "pack_dense_weights",
     "FlattenMatmul", "flatten_matmul", "PruneConvTaps", "prune_conv_taps",
     "FusePatterns", "fuse_patterns",
     "InferType", "infer_type",

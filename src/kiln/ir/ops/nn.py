@@ -160,21 +160,32 @@ def _dense_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     dt = same_dtype(ts, "data and weight")
     if data.ndim < 1:
         raise InputError("data must be at least 1-D")
-    require_ndim(weight, 2, "weight")
+    units = attrs["units"]
+    if units:
+        # a weight packed at build time: (ceil(N / bn), K, bn) panels (kiln.transform.PackDenseWeights)
+        require_ndim(weight, 3, "packed weight")
+        npan, _, bn = weight.shape
+        if not (npan - 1) * bn < units <= npan * bn:
+            raise InputError(f"units={units} does not fit weight panels {weight.shape} (ceil(N / bn), K, bn)")
+    else:
+        require_ndim(weight, 2, "weight")
     if data.shape[-1] != weight.shape[1]:
         raise InputError(f"reduction dim mismatch: data {data.shape} vs weight {weight.shape} "
                          f"(weight is (units, in_features))")
-    return [TensorType(data.shape[:-1] + (weight.shape[0],), dt)]
+    return [TensorType(data.shape[:-1] + (units or weight.shape[0],), dt)]
 
 
 def _dense_ref(xs, attrs):
     x, w = xs
+    if attrs["units"]:
+        npan, k, bn = w.shape
+        w = w.transpose(0, 2, 1).reshape(npan * bn, k)[:attrs["units"]]
     return [np.matmul(wide(x), wide(w).T).astype(x.dtype)]
 
 
-register_op("dense", type_rel=_dense_rel, pattern=FUSABLE, ref=_dense_ref, num_inputs=2,
-            inputs=("data", "weight"),
-            doc="data (..., K) x weight (N, K)^T -> (..., N)")
+register_op("dense", attrs={"units": ("int", 0)}, type_rel=_dense_rel, pattern=FUSABLE, ref=_dense_ref,
+            num_inputs=2, inputs=("data", "weight"),
+            doc="data (..., K) x weight (N, K)^T -> (..., N); units=N: weight packed as (ceil(N/bn), K, bn) panels")
 
 
 def _matmul_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:

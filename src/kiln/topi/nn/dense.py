@@ -21,7 +21,7 @@ none), from an active :func:`kiln.topi.knobs.kernel_target`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ... import te
 from ...runtime.errors import TargetError
@@ -31,8 +31,8 @@ from ..broadcast import broadcast_shape
 from ..registry import register_compute
 from ..util import TAG_ELEMWISE, acc_dtype, prod
 
-__all__ = ["dense", "matmul", "dense_panel_width", "gemv_lanes", "TAG_DENSE", "TAG_DENSE_PACK", "TAG_DENSE_GEMV",
-           "TAG_MATMUL", "DENSE_PACK_BN", "DENSE_PACK_MIN_M", "DENSE_GEMV_MAX_M"]
+__all__ = ["dense", "matmul", "dense_panel_width", "dense_panels", "pack_dense_weight", "gemv_lanes", "TAG_DENSE",
+           "TAG_DENSE_PACK", "TAG_DENSE_GEMV", "TAG_MATMUL", "DENSE_PACK_BN", "DENSE_PACK_MIN_M", "DENSE_GEMV_MAX_M"]
 
 TAG_DENSE = "dense"
 TAG_DENSE_PACK = "dense_pack"
@@ -127,7 +127,36 @@ def _finish(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
     return te.compute(out.shape, lambda *i: te.cast(out[i], dtype), name=name, tag=TAG_ELEMWISE)
 
 
-def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None, target: Any = None) -> te.Tensor:
+def dense_panels(data_shape: Sequence[int], weight_shape: Sequence[int], dtype: str, target: Any = None) -> int:
+    """Width ``bn`` of the panels a dense of these shapes reads its weight ``(N, K)`` through,
+    or 0 when it reads the weight as it is (a few-row GEMV, or ``N`` narrower than a panel).
+
+    The panel width is the schedule's column tile knob ``nt`` (a tuning log may set it per
+    workload); whether to pack at all is a fixed rule. Both the compute (which packs per call)
+    and :class:`kiln.transform.PackDenseWeights` (which packs a constant weight at build
+    time, :func:`pack_dense_weight`) ask this function, so they always agree.
+    """
+    nn = int(weight_shape[0])
+    acc = acc_dtype(dtype)
+    default_bn = dense_panel_width(_isa(target), acc, nn)
+    if not (prod(data_shape[:-1]) > DENSE_GEMV_MAX_M and nn >= default_bn):
+        return 0
+    wl = workload_key("dense", tuple(data_shape), tuple(weight_shape), dtype)
+    return int(current_config("dense", wl, {"nt": default_bn})["nt"])
+
+
+def pack_dense_weight(weight: Any, bn: int) -> Any:
+    """NumPy: a dense weight ``(N, K)`` as ``(ceil(N / bn), K, bn)`` panels, zero-padded in N."""
+    import numpy as np
+
+    w = np.asarray(weight)
+    n, k = w.shape
+    w = np.pad(w, [(0, -n % bn), (0, 0)])
+    return np.ascontiguousarray(w.reshape(-1, bn, k).transpose(0, 2, 1))
+
+
+def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None, target: Any = None,
+          units: int = 0) -> te.Tensor:
     """``out[..., n] = sum_k data[..., k] * weight[n, k]``.
 
     Parameters
@@ -135,29 +164,47 @@ def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None, target: 
     data : te.Tensor
         ``(..., K)``.
     weight : te.Tensor
-        ``(N, K)``.
+        ``(N, K)``, or with ``units = N`` the panels :func:`pack_dense_weight` made at build time
+        ``(ceil(N / bn), K, bn)``: the kernel then reads them directly (no pack stage).
     pack : bool, optional
-        Repack the weight into N-panels (default: when N is at least one panel wide).
+        Repack the weight into N-panels (default: :func:`dense_panels`).
     target : Target or str, optional
         The CPU target whose instruction set sizes the panels and the GEMV lanes (default:
         :func:`kiln.topi.knobs.current_kernel_target`, else the schedules' no-target ISA).
+    units : int
+        ``N`` of a weight packed at build time; 0 for a plain ``(N, K)`` weight.
     """
-    nn, kk = weight.shape
     lead = tuple(data.shape[:-1])
+    if units:
+        npan, kk, bn = weight.shape
+        nn = units
+        k = te.reduce_axis((0, kk), name="k")
+        # the workload of the unpacked shapes: what the tuner logged and the pass packed for
+        wl = workload_key("dense", data.shape, (nn, kk), data.dtype)
+
+        def prebody(*i: Any) -> Any:
+            j = i[-1]
+            return te.sum(te.cast(data[tuple(i[:-1]) + (k,)], acc_dtype(data.dtype))
+                          * te.cast(weight[te.floordiv(j, bn), k, te.floormod(j, bn)], acc_dtype(data.dtype)),
+                          axis=k)
+
+        out = te.compute(lead + (nn,), prebody, name="dense", tag=TAG_DENSE,
+                         attrs={"packed": True, "bn": bn, "workload": wl})
+        return _finish(out, data.dtype, "dense_out")
+    nn, kk = weight.shape
     m = prod(lead)
     acc = acc_dtype(data.dtype)
     isa = _isa(target)
     default_bn = dense_panel_width(isa, acc, int(nn))
+    panels = dense_panels(data.shape, weight.shape, data.dtype, target)
     if pack is None:
-        pack = m > DENSE_GEMV_MAX_M and nn >= default_bn
+        pack = panels > 0
     lanes = gemv_lanes(isa, acc, int(kk))
     if m <= DENSE_GEMV_MAX_M and lanes and kk >= 2 * lanes and not pack:
         return _finish(_dense_gemv(data, weight, lanes), data.dtype, "dense_out")
     k = te.reduce_axis((0, kk), name="k")
     wl = workload_key("dense", data.shape, weight.shape, data.dtype)
-    # the panel width is the schedule's column tile knob ``nt`` (a packed kernel's column
-    # tile is one panel); whether to pack at all stays a fixed rule
-    bn = int(current_config("dense", wl, {"nt": default_bn})["nt"]) if pack else default_bn
+    bn = (panels or int(current_config("dense", wl, {"nt": default_bn})["nt"])) if pack else default_bn
     if pack:
         npan = -(-nn // bn)
         wp = te.compute((npan, kk, bn),
@@ -205,7 +252,7 @@ def _dense_gemv(data: te.Tensor, weight: te.Tensor, lanes: int) -> te.Tensor:
 
 @register_compute("dense")
 def _dense(attrs: dict, inputs: list, out_types: list) -> list:
-    return [dense(inputs[0], inputs[1])]
+    return [dense(inputs[0], inputs[1], units=int(attrs.get("units", 0)))]
 
 
 def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None, target: Any = None) -> te.Tensor:
