@@ -135,3 +135,26 @@ def test_blocked_global_pool_vectorises_the_block(block: int) -> None:
     out = nd.empty((1, 3, 1, 1, block), "float32")
     mod[b.name](nd.array(data), out)
     np.testing.assert_allclose(out.numpy(), data.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_padded_pool_window_guard_leaves_the_vector_loop() -> None:
+    """``max_pool2d_nchwc`` with padding guards each window tap with a condition the same for
+    every lane of the channel block: unswitching hoists it out of the vector loop, which the
+    codegens then vectorise (it ran as a scalar loop: ResNet-18's stem pool took 1.28 ms)."""
+    from kiln.tir.unswitch import unswitch_loops
+    from kiln.tir.vectorize import plan_vector_loop
+
+    case = Case("max_pool2d_nchwc", [((1, 2, 11, 11, 16), "float32")],
+                {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1)})
+    mod, (b,) = build_cases([case], "llvm", "pool2")
+    body = unswitch_loops(b.func.body)
+    loops: list = []
+    post_order_visit(body, lambda x: loops.append(x) if isinstance(x, For) and x.kind == "vectorized" else None)
+    assert loops and all(plan_vector_loop(lp, 32) is not None for lp in loops), str(b.func)
+    data = np.random.default_rng(3).standard_normal((1, 2, 11, 11, 16)).astype(np.float32)
+    out = nd.empty((1, 2, 6, 6, 16), "float32")
+    mod[b.name](nd.array(data), out)
+    padded = np.pad(data, [(0, 0), (0, 0), (1, 1), (1, 1), (0, 0)], constant_values=-np.inf)
+    want = np.stack([np.stack([padded[:, :, 2 * y:2 * y + 3, 2 * x:2 * x + 3].max(axis=(2, 3)) for x in range(6)], 2)
+                     for y in range(6)], 2)
+    np.testing.assert_array_equal(out.numpy(), want)

@@ -9,7 +9,8 @@ not only the last.  :func:`unswitch_loops` versions such a loop once::
     for k: ... if c: S ...      →      if c: (for k: ... S ...) else: (for k: ... if c: S ...)
 
 ``unrolled`` loops with a constant extent (≤ 64) are unrolled here first, so a guard on
-the unrolled row index becomes one invariant condition per row.  Only serial loops are
+the unrolled row index becomes one invariant condition per row.  A ``vectorized`` loop whose
+whole body is a guard invariant in it becomes the guard around the loop.  Only serial loops are
 versioned, only for guard ``if`` s without ``else`` that contain a
 ``vectorized`` or ``unrolled`` loop (the tile body), and only at the outermost loop that the
 condition is invariant in, so code size grows by at most one copy per tiled loop nest.
@@ -102,6 +103,11 @@ def unswitch_loops(s: Stmt) -> Stmt:
             return unswitch_loops(seq(*[simplify_stmt(substitute(s.body, {v: IntImm(lo + i, v.dtype)}))
                                         for i in range(s.extent.value)]))
         body = unswitch_loops(s.body)
+        if (s.kind == "vectorized" and isinstance(body, IfThenElse) and body.else_case is None
+                and s.loop_var not in collect_vars(body.cond)):
+            # a guard the same for every lane (a padded pool's window tap): test it once, outside
+            # the vector loop, whose body is then plain stores the codegens vectorise
+            return IfThenElse(body.cond, For(s.loop_var, s.min, s.extent, s.kind, body.then_case, s.annotations))
         if s.kind == "serial":
             bound: set[Var] = {s.loop_var}
             _bound_vars(body, bound)
