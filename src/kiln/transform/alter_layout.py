@@ -144,7 +144,7 @@ def choose_in_block(channels: int, isa: ISA | None = None) -> int:
 #: Elementwise ops that keep a padding lane finite (zero in, finite out, no blow-up), so the
 #: zero weights of the next convolution cancel it. Any other op reads the value unpadded.
 _PAD_SAFE_UNARY = ("relu", "clip", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "leaky_relu", "negative",
-                   "abs", "gelu", "erf", "elu", "selu", "celu", "silu", "swish", "mish", "softsign", "prelu")
+                   "abs", "gelu", "erf", "elu", "selu", "celu", "swish", "mish", "softsign")
 
 
 def _padded_block(channels: int, isa: ISA) -> int | None:

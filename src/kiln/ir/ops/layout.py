@@ -148,15 +148,25 @@ def primal_to_layout(x: np.ndarray, primal: str, layout: str) -> np.ndarray:
     return np.ascontiguousarray(y.transpose([slot[a] for a, _ in lay]))
 
 
-def convert_layout(x: np.ndarray, src: str, dst: str) -> np.ndarray:
-    """NumPy: re-store a tensor from layout ``src`` to layout ``dst`` (same primal axes)."""
+def convert_layout(x: np.ndarray, src: str, dst: str, channels: int = 0) -> np.ndarray:
+    """NumPy: re-store a tensor from layout ``src`` to layout ``dst`` (same primal axes).
+
+    ``channels`` (0: none) is the logical channel count where a block pads ``C``: a padded
+    source's extra lanes are dropped, a padded destination's are zero.
+    """
     prim = _primal_of(src)
     if sorted(prim) != sorted(_primal_of(dst)):
         raise InputError(f"layouts {src!r} and {dst!r} have different axes")
     p = layout_to_primal(x, src)
+    if channels:
+        p = np.take(p, np.arange(channels), axis=prim.index("C"))
     dprim = _primal_of(dst)
     if dprim != prim:
         p = np.ascontiguousarray(p.transpose([prim.index(a) for a in dprim]))
+    if channels:
+        widths = [(0, 0)] * p.ndim
+        widths[dprim.index("C")] = (0, -channels % _factors(parse_layout(dst)).get("C", 1))
+        p = np.pad(p, widths)
     return primal_to_layout(p, dprim, dst)
 
 
@@ -205,23 +215,6 @@ def _lt_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     return [TensorType(layout_shape(tuple(ext[a] for a in dprim), dst, "".join(dprim)), x.dtype)]
 
 
-def _lt_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-    x, src, dst, channels = xs[0], attrs["src_layout"], attrs["dst_layout"], attrs["channels"]
-    if not channels:
-        return [convert_layout(x, src, dst)]
-    p = layout_to_primal(x, src)
-    prim = _primal_of(src)
-    ci = prim.index("C")
-    p = np.take(p, np.arange(channels), axis=ci)  # drop the source's padding lanes
-    dprim = _primal_of(dst)
-    if dprim != prim:
-        p = np.ascontiguousarray(p.transpose([prim.index(a) for a in dprim]))
-    f = _factors(parse_layout(dst)).get("C", 1)
-    widths = [(0, 0)] * p.ndim
-    widths[dprim.index("C")] = (0, -channels % f)
-    return [primal_to_layout(np.pad(p, widths), dprim, dst)]
-
-
 register_op(
     "layout_transform", attrs={"src_layout": ("str", REQUIRED), "dst_layout": ("str", REQUIRED),
                                "channels": ("int", 0)},
@@ -229,7 +222,8 @@ register_op(
     # elementwise epilogue out of the conv kernel (an INJECTIVE group absorbs elementwise
     # producers, and the anchor can then only join an elementwise group).
     type_rel=_lt_rel, pattern=OpPattern.OPAQUE,
-    ref=_lt_ref, num_inputs=1, inputs=("data",),
+    ref=lambda xs, a: [convert_layout(xs[0], a["src_layout"], a["dst_layout"], a["channels"])],
+    num_inputs=1, inputs=("data",),
     doc="re-store a tensor in another (blocked) layout, e.g. NCHW -> NCHW16c; channels (0: the blocks "
         "divide C) is the logical channel count when a channel block pads it")
 

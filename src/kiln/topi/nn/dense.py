@@ -175,44 +175,34 @@ def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None, target: 
         ``N`` of a weight packed at build time; 0 for a plain ``(N, K)`` weight.
     """
     lead = tuple(data.shape[:-1])
+    acc = acc_dtype(data.dtype)
     if units:
-        npan, kk, bn = weight.shape
-        nn = units
-        k = te.reduce_axis((0, kk), name="k")
+        # panels made at build time: the kernel reads them as a pack stage's output
+        nn, (_, kk, bn) = units, weight.shape
+        pack = True
+        wp: Any = weight
         # the workload of the unpacked shapes: what the tuner logged and the pass packed for
         wl = workload_key("dense", data.shape, (nn, kk), data.dtype)
-
-        def prebody(*i: Any) -> Any:
-            j = i[-1]
-            return te.sum(te.cast(data[tuple(i[:-1]) + (k,)], acc_dtype(data.dtype))
-                          * te.cast(weight[te.floordiv(j, bn), k, te.floormod(j, bn)], acc_dtype(data.dtype)),
-                          axis=k)
-
-        out = te.compute(lead + (nn,), prebody, name="dense", tag=TAG_DENSE,
-                         attrs={"packed": True, "bn": bn, "workload": wl})
-        return _finish(out, data.dtype, "dense_out")
-    nn, kk = weight.shape
-    m = prod(lead)
-    acc = acc_dtype(data.dtype)
-    isa = _isa(target)
-    default_bn = dense_panel_width(isa, acc, int(nn))
-    panels = dense_panels(data.shape, weight.shape, data.dtype, target)
-    if pack is None:
-        pack = panels > 0
-    lanes = gemv_lanes(isa, acc, int(kk))
-    if m <= DENSE_GEMV_MAX_M and lanes and kk >= 2 * lanes and not pack:
-        return _finish(_dense_gemv(data, weight, lanes), data.dtype, "dense_out")
+    else:
+        nn, kk = weight.shape
+        isa = _isa(target)
+        panels = dense_panels(data.shape, weight.shape, data.dtype, target)
+        if pack is None:
+            pack = panels > 0
+        lanes = gemv_lanes(isa, acc, int(kk))
+        if prod(lead) <= DENSE_GEMV_MAX_M and lanes and kk >= 2 * lanes and not pack:
+            return _finish(_dense_gemv(data, weight, lanes), data.dtype, "dense_out")
+        wl = workload_key("dense", data.shape, weight.shape, data.dtype)
+        default_bn = dense_panel_width(isa, acc, int(nn))
+        bn = (panels or int(current_config("dense", wl, {"nt": default_bn})["nt"])) if pack else default_bn
+        if pack:
+            wp = te.compute((-(-nn // bn), kk, bn),
+                            lambda no, kv, ni: te.if_then_else(no * bn + ni < nn, weight[no * bn + ni, kv],
+                                                               te.const(0, weight.dtype)) if nn % bn
+                            else weight[no * bn + ni, kv],
+                            name="dense_wpack", tag=TAG_DENSE_PACK)
     k = te.reduce_axis((0, kk), name="k")
-    wl = workload_key("dense", data.shape, weight.shape, data.dtype)
-    bn = (panels or int(current_config("dense", wl, {"nt": default_bn})["nt"])) if pack else default_bn
     if pack:
-        npan = -(-nn // bn)
-        wp = te.compute((npan, kk, bn),
-                        lambda no, kv, ni: te.if_then_else(no * bn + ni < nn, weight[no * bn + ni, kv],
-                                                           te.const(0, weight.dtype)) if nn % bn
-                        else weight[no * bn + ni, kv],
-                        name="dense_wpack", tag=TAG_DENSE_PACK)
-
         def body(*i: Any) -> Any:
             j = i[-1]
             return te.sum(te.cast(data[tuple(i[:-1]) + (k,)], acc)

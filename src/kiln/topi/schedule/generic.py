@@ -229,11 +229,12 @@ def _lane_axis_reduce(s: te.Schedule, st: te.Stage) -> bool:
     return bool(loads) and all(ld.indices and ld.indices[-1] is last.var for ld in loads)
 
 
-def _vectorize_lane_reduce(red: te.Stage) -> None:
-    """Reduce loops outside the kept last axis, which is vectorised (see _lane_axis_reduce)."""
-    axes = list(red.op.axis)
-    red.reorder(*axes[:-1], *red.op.reduce_axis, axes[-1])
-    red.vectorize(axes[-1])
+def _vectorize_lane_reduce(red: te.Stage, outer: Sequence[te.IterVar]) -> None:
+    """Reduce loops between ``outer`` and the kept last axis, which is vectorised (see
+    _lane_axis_reduce)."""
+    last = red.op.axis[-1]
+    red.reorder(*outer, *red.op.reduce_axis, last)
+    red.vectorize(last)
 
 
 def schedule_reduce_stage(s: te.Schedule, st: te.Stage) -> te.IterVar | None:
@@ -242,9 +243,8 @@ def schedule_reduce_stage(s: te.Schedule, st: te.Stage) -> te.IterVar | None:
     if not axes:
         return None
     if _lane_axis_reduce(s, st):
-        outer = st.fuse(*axes[:-1]) if len(axes) > 2 else axes[0]
-        st.reorder(outer, *st.op.reduce_axis, axes[-1])
-        st.vectorize(axes[-1])
+        outer = st.fuse(*axes[:-1])
+        _vectorize_lane_reduce(st, [outer])
         work = prod(iv.dom_extent for iv in axes) * max(1, prod(iv.dom_extent for iv in st.op.reduce_axis))
         if outer.dom_extent > 1 and _parallel_ok(work):
             st.parallel(outer)
@@ -277,7 +277,7 @@ def attach_to_output(s: te.Schedule, red: te.Stage, out: te.Stage,
     red.compute_at(out, fused)
     if lanes:
         out.vectorize(axes[-1])
-        _vectorize_lane_reduce(red)
+        _vectorize_lane_reduce(red, red.op.axis[:-1])
     return True
 
 
