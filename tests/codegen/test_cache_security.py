@@ -41,6 +41,29 @@ def test_new_cache_dir_and_key_are_private(private_cache):
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.stat().st_size == 32
 
 
+def test_first_use_from_many_threads_sees_one_whole_key(private_cache):
+    """Threads (a build's background compiles) that meet a new cache at once all read the same
+    32-byte key: none sees a half-written file and falls back to compiling without the cache."""
+    import threading
+
+    private_cache.mkdir(mode=0o700)
+    start = threading.Barrier(8)
+    keys: list[bytes | None] = []
+
+    def use() -> None:
+        start.wait()
+        keys.append(cache._hmac_key(str(private_cache)))
+
+    threads = [threading.Thread(target=use) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(keys) == 8 and keys[0] is not None and len(keys[0]) == 32 and set(keys) == {keys[0]}
+    assert (private_cache / cache.KEY_FILE).read_bytes() == keys[0]
+    assert sorted(p.name for p in private_cache.iterdir()) == [cache.KEY_FILE]  # no temporaries left
+
+
 def test_entry_planted_by_someone_else_is_not_loaded(private_cache):
     key = cache.make_key("kernel source")
     path = cache.cached_file(key, "so", _writer(b"GENUINE"))

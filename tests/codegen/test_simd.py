@@ -232,6 +232,38 @@ def test_gemm_inner_loop_is_fma_on_ymm() -> None:
     assert "(%rsp)" not in hot and "(%rbp)" not in hot, hot
 
 
+def test_loops_around_an_unrolled_tile_are_not_unrolled_again() -> None:
+    """The schedule's register tile is unrolled by tir.unswitch; the loops around it carry
+    ``llvm.loop.unroll.disable`` (LLVM would only copy the micro-kernel again), and loops
+    without a tile keep LLVM's unroller."""
+    f, *_ = _gemm_case("dense", (60, 64, 64), False, "gk")
+    around_tile = {x.loop_var.name for x in _loops(f.body) if x.kind == "serial" and _has_unrolled(x.body)}
+    hinted_tir = {x.loop_var.name for x in _loops(unswitch_loops(f.body)) if x.annotations.get("unroll") is False}
+    assert "k" in around_tile and hinted_tir == around_tile
+    ir = codegen.build_module([f], "llvm -mcpu=haswell").get_source("ll-raw")
+    hinted = re.findall(r'br label %"for_(\w+)", !llvm.loop (!\d+)', ir)
+    assert "k" in {name for name, _ in hinted}, ir
+    ids = [md for _, md in hinted]
+    assert len(set(ids)) == len(ids)  # one loop ID per loop
+    for md in ids:  # each ID is self-referential and names the hint
+        assert re.search(rf'^{md} = !{{ {md}, (!\d+) }}', ir, re.M), md
+    assert '!"llvm.loop.unroll.disable"' in ir
+    A = te.placeholder((64, 300), name="A")
+    B = te.compute(A.shape, lambda i, j: A[i, j] * 2.0, name="B")
+    plain = codegen.build_module([tir.lower(te.create_schedule(B.op), [A, B], "scale")], "llvm -mcpu=haswell")
+    assert "llvm.loop" not in plain.get_source("ll-raw")
+
+
+def _loops(s) -> list[For]:
+    out: list[For] = []
+    post_order_visit(s, lambda n: out.append(n) if isinstance(n, For) else None)
+    return out
+
+
+def _has_unrolled(s) -> bool:
+    return any(x.kind == "unrolled" for x in _loops(s))
+
+
 def test_pack_panel_is_built_per_column_block() -> None:
     """compute_at of the B pack at the column-block loop although the accumulation stage
     (attached one loop further in) is its reader: one (1, K, 16) panel per block."""

@@ -187,3 +187,53 @@ def test_header_digest_follows_the_include_directory(tmp_path):
     (d / "a.h").write_text("#define A 2\n")
     cc._header_digests.pop(str(tmp_path / "inc"))
     assert cc._headers_digest(str(tmp_path / "inc")) != one
+
+
+def _tiny_graph():
+    import numpy as np
+
+    from kiln.ir import Graph
+
+    g = Graph("g")
+    g.outputs = [g.add("add", g.add_input("a", (3, 4)), g.add_input("w", (3, 4)))]
+    return g, {"w": np.arange(12, dtype="float32").reshape(3, 4)}
+
+
+def test_build_compiles_them_before_export_asks(tmp_path, monkeypatch):
+    """``kiln.build`` starts the crt / C API compiles in the background; the export then finds
+    both in the cache (the same keys: same compiler, flags and sources)."""
+    import numpy as np
+
+    import kiln
+    from kiln.runtime import export
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KILN_CACHE", raising=False)
+    monkeypatch.setattr(cc, "_object_cache", {})
+    calls: list[str] = []
+    waits = []
+    real = export.prepare_export_objects
+
+    def spy(object_cache, *args, **kwargs):
+        assert object_cache is cache.cached_object
+        waits.append(real(_counting_cache(calls), *args, **kwargs))
+        return waits[-1]
+
+    monkeypatch.setattr(export, "prepare_export_objects", spy)
+    g, params = _tiny_graph()
+    factory = kiln.build(g, target="llvm", params=params)
+    assert len(waits) == 1
+    waits[0]()
+    assert len(calls) == 2  # crt and C API driver, compiled while the build ran
+    monkeypatch.setattr(cc, "_object_cache", {})  # the export must find them in the cache itself
+    so = factory.export_library(str(tmp_path / "m.so"), object_cache=_counting_cache(calls))
+    assert len(calls) == 2  # no compile of either at export time
+    m = kiln.GraphModule(kiln.runtime.load_module(so)["default"](kiln.cpu()))
+    m.run(a=np.ones((3, 4), "float32"))
+    np.testing.assert_allclose(m.get_output(0).numpy(), params["w"] + 1)
+
+    # Nothing is started for code for another machine, or with the cache off.
+    kiln.build(g, target="llvm -mtriple=aarch64-linux-gnu", params=params)
+    monkeypatch.setenv("KILN_CACHE", "0")
+    kiln.build(g, target="llvm", params=params)
+    assert len(waits) == 1

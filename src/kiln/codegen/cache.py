@@ -168,19 +168,35 @@ def _trusted_root() -> str | None:
     return root
 
 
+def _create_key(path: str) -> None:
+    """Write a new random key to ``path`` unless one exists, never showing a partial file.
+
+    The key is written to a private temporary file and hard-linked into place: a thread or
+    process that finds ``path`` reads all 32 bytes (an empty file being filled would make it
+    fall back to compiling without the cache, and the entries it wrote would be lost).
+    """
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another writer was first: its key is the key
+    finally:
+        os.unlink(tmp)
+
+
 def _hmac_key(root: str) -> bytes | None:
     """The per-user key of the cache at ``root`` (created 0600 on first use)."""
     path = os.path.join(root, KEY_FILE)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    except FileExistsError:
-        pass
-    except OSError as err:
-        _warn_once(path, "compile cache key %s cannot be created (%s); compiling without the cache", path, err)
-        return None
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(32))
+    if not os.path.exists(path):
+        try:
+            _create_key(path)
+        except OSError as err:
+            _warn_once(path, "compile cache key %s cannot be created (%s); compiling without the cache", path, err)
+            return None
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(fd, "rb") as f:

@@ -41,7 +41,7 @@ from ..tir.intrin import SET_EXTENT, set_extent_targets
 from ..tir.simplify import simplify
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
 from ..tir.unswitch import unswitch_loops
-from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in
+from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in, var_uses
 from .c import STACK_LIMIT_BYTES
 from .vmath import VECTOR_MATH, emit_math
 
@@ -126,6 +126,9 @@ class _Fn:
         self.par_depth = 0
         #: parameter index -> its DLTensor's ``shape`` array (params whose extents are reported)
         self.shapes: dict[int, ir.Value] = {}
+        #: id(node) -> uses the vector lane variable, for the stored values of the vector loop
+        #: being emitted (their nodes stay alive meanwhile, so the ids stay theirs)
+        self.vuses: dict[int, bool] = {}
 
 
 class LLVMCodeGen:
@@ -381,7 +384,8 @@ class LLVMCodeGen:
                       ir.FunctionType(I32, [I32, I32, PTR]))
         b.call(free, [ir.Constant(I32, 1), ir.Constant(I32, 0), p])
 
-    def _loop(self, st: _Fn, var: Var, start: ir.Value, end: ir.Value, body: Callable[[], None]) -> None:
+    def _loop(self, st: _Fn, var: Var, start: ir.Value, end: ir.Value, body: Callable[[], None],
+              unroll: bool = True) -> None:
         b = st.b
         pre = b.block
         header = b.append_basic_block(f"for_{var.name}")
@@ -398,7 +402,9 @@ class LLVMCodeGen:
         body()
         nxt = _nsw(b.add(phi, ir.Constant(ity, 1)))
         phi.add_incoming(nxt, b.block)
-        b.branch(header)
+        latch = b.branch(header)
+        if not unroll:
+            latch.set_metadata("llvm.loop", self._no_unroll_md())
         b.position_at_end(exitb)
 
     def _for(self, st: _Fn, s: For) -> None:
@@ -417,7 +423,17 @@ class LLVMCodeGen:
             return
         start = self._expr(st, s.min, index=True)
         end = self._expr(st, simplify(s.min + s.extent), index=True)
-        self._loop(st, s.loop_var, start, end, lambda: self._stmt(st, s.body))
+        # a loop around a schedule-unrolled tile (tir.unswitch): LLVM's unroller would only
+        # copy the micro-kernel again, and it costs a third of the compile time
+        self._loop(st, s.loop_var, start, end, lambda: self._stmt(st, s.body), s.annotations.get("unroll", True))
+
+    def _no_unroll_md(self) -> Any:
+        """The loop ID ``!{self, !{"llvm.loop.unroll.disable"}}`` (one per loop, as LLVM requires)."""
+        flag = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.unroll.disable")])
+        # built directly, not through add_metadata: that would hand every loop the same node
+        md = ir.values.MDValue(self.module, [flag], name=str(len(self.module.metadata)))
+        md.operands = (md, flag)  # a loop ID's first operand is the node itself
+        return md
 
     def _parallel(self, st: _Fn, s: For) -> None:
         """Outline ``s`` into a lambda for ``__KilnBackendParallelLaunch`` (chunked range)."""
@@ -767,6 +783,9 @@ class LLVMCodeGen:
         base = plan.loop.min.value
         st.vranges = {x: (0, 2**31 - 1) for x in st.nonneg}
         st.vranges[v] = (base, base + plan.loop.extent.value - 1)
+        st.vuses = {}
+        for sv in plan.stores:
+            st.vuses.update(var_uses(sv.value, v))
         for o, w in plan.chunks:
             if w == 1:
                 c = IntImm(base + o, v.dtype)
@@ -782,6 +801,7 @@ class LLVMCodeGen:
                     val = self._splat(st, val, w)
                 ptr = self._addr_at(st, sv.buffer, sv.indices, v, base + o)
                 st.b.store(val, ptr, align=bits_of(dt) // 8)
+        st.vuses = {}
 
     def _addr_at(self, st: _Fn, buf: Buffer, indices: Sequence[PrimExpr], v: Var, at: int) -> ir.Value:
         from ..tir.functor import substitute
@@ -803,7 +823,8 @@ class LLVMCodeGen:
         for a lane-invariant scalar, the dtype for a vector, ``"mask"`` for ``<w x i1>``."""
         v, o, w = cx
         b = st.b
-        if v not in collect_vars(e):
+        uses = st.vuses.get(id(e))
+        if not (uses if uses is not None else v in collect_vars(e)):
             return self._expr(st, e), None
         if isinstance(e, Var):
             if e.dtype not in VECTOR_DTYPES:

@@ -239,6 +239,7 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     t_all = time.perf_counter()
     dts = resolve_targets(target)
     _check_graph(mod)
+    _prepare_export(dts)
     originals = original_param_arrays(mod, params)
     # the blocked conv layout is tuned for CPU SIMD; GPU schedules want plain NCHW
     disabled = ("AlterConvLayout", "PackDenseWeights") if dts.uses_accelerator else ()
@@ -311,6 +312,22 @@ def build(mod: Graph, target: Any = "llvm", params: Mapping[str, Any] | None = N
     # export_library: the crt / C API objects come from the on-disk compile cache
     factory.export_object_cache = codegen.cache.cached_object
     return factory
+
+
+def _prepare_export(dts: Any) -> None:
+    """Have the objects an export of this build links compiled while the build runs.
+
+    Only for a library for this machine from the ``llvm`` codegen (whose modules add no
+    compile options), and only with the on-disk cache, so that the objects outlive the
+    process: a build that is never exported then costs one background compile per cache.
+    """
+    from .. import codegen
+    from ..runtime.export import prepare_export_objects
+
+    t = dts.primary
+    if dts.uses_accelerator or t.kind.name != "llvm" or t.attrs.get("mtriple") or not codegen.cache.cache_enabled():
+        return
+    prepare_export_objects(codegen.cache.cached_object)
 
 
 def _graph_codegen(graph: Graph, lowered: LoweredModel, originals: Mapping[str, Any],
@@ -390,6 +407,8 @@ def _compile_control(lowered: LoweredModel, target: Any, mod_name: str, opt_leve
             extra += params
         if c.func_name == "__loop":
             attrs["num_carried"] = str(node.attrs["num_carried"])
+            if node.attrs.get("num_scan"):  # absent when 0: such graphs stay readable by older runtimes
+                attrs["num_scan"] = str(node.attrs["num_scan"])
         control[i] = (attrs, extra)
     return funcs, control
 

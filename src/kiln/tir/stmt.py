@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
 from .dtype import bits_of, check_dtype
-from .expr import IntImm, Load, PrimExpr, Var, convert
+from .expr import BinaryOp, IntImm, Load, PrimExpr, Var, convert
 
 __all__ = [
     "Buffer",
@@ -101,14 +101,31 @@ class Buffer:
                                f"has {self.ndim} dims")
         if self.ndim == 0:
             return IntImm(0)
+        if self.size >= 2**31:
+            indices = [i if i.dtype == "int64" else cast(i, "int64") for i in indices]
+        return simplify(self.flat_sum(indices), {v: (0, 2**31 - 1) for v in nonneg})
+
+    def flat_sum(self, indices: Sequence[PrimExpr]) -> PrimExpr:
+        """``sum(index * stride)`` over the dims of ``self[indices]``, unsimplified."""
         flat: PrimExpr | None = None
-        wide = self.size >= 2**31
         for idx, stride in zip(indices, self.strides):
-            if wide and idx.dtype != "int64":
-                idx = cast(idx, "int64")
-            term = idx * stride
-            flat = term if flat is None else flat + term
-        return simplify(flat, {v: (0, 2**31 - 1) for v in nonneg})
+            # nodes built directly where the dtypes agree: every access the codegens emit or
+            # the vectorizer inspects comes here, and binary()'s matching is most of the cost
+            if stride == 1:
+                t: PrimExpr = idx
+            elif isinstance(idx, IntImm):
+                c = idx.value * stride
+                # folded here when it fits; else binary() wraps it as the index dtype wraps
+                t = IntImm(c, idx.dtype) if -(2**31) <= c < 2**31 else idx * stride
+            else:
+                t = BinaryOp("mul", idx, IntImm(stride, idx.dtype), idx.dtype)
+            if flat is None:
+                flat = t
+            elif flat.dtype == t.dtype:
+                flat = BinaryOp("add", flat, t, t.dtype)
+            else:
+                flat = flat + t
+        return flat if flat is not None else IntImm(0)
 
     def __getitem__(self, idx: Any) -> Load:
         idx = idx if isinstance(idx, tuple) else (idx,)

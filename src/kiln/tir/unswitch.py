@@ -46,23 +46,24 @@ def _bound_vars(s: Stmt, out: set[Var]) -> None:
         _bound_vars(s.body, out)
 
 
-def _has_tile_loop(s: Stmt) -> bool:
+def _has_loop(s: Stmt, kinds: tuple[str, ...]) -> bool:
+    """Whether ``s`` holds a loop of one of ``kinds``."""
     if isinstance(s, For):
-        return s.kind in ("vectorized", "unrolled") or _has_tile_loop(s.body)
+        return s.kind in kinds or _has_loop(s.body, kinds)
     if isinstance(s, SeqStmt):
-        return any(_has_tile_loop(x) for x in s.seq)
+        return any(_has_loop(x, kinds) for x in s.seq)
     if isinstance(s, (LetStmt, Allocate)):
-        return _has_tile_loop(s.body)
+        return _has_loop(s.body, kinds)
     if isinstance(s, IfThenElse):
-        return _has_tile_loop(s.then_case) or (s.else_case is not None and _has_tile_loop(s.else_case))
+        return _has_loop(s.then_case, kinds) or (s.else_case is not None and _has_loop(s.else_case, kinds))
     return False
 
 
 def _guards(s: Stmt, bound: set[Var], out: list[PrimExpr]) -> None:
     """Conditions of guard ifs in ``s`` that use none of the ``bound`` variables."""
     if isinstance(s, IfThenElse):
-        if (s.else_case is None and not (collect_vars(s.cond) & bound) and _has_tile_loop(s.then_case)
-                and not any(c is s.cond for c in out)):
+        if (s.else_case is None and not (collect_vars(s.cond) & bound)
+                and _has_loop(s.then_case, ("vectorized", "unrolled")) and not any(c is s.cond for c in out)):
             out.append(s.cond)
         _guards(s.then_case, bound, out)
         if s.else_case is not None:
@@ -102,6 +103,9 @@ def unswitch_loops(s: Stmt) -> Stmt:
             v, lo = s.loop_var, s.min.value
             return unswitch_loops(seq(*[simplify_stmt(substitute(s.body, {v: IntImm(lo + i, v.dtype)}))
                                         for i in range(s.extent.value)]))
+        ann = s.annotations
+        if s.kind == "serial" and _has_loop(s.body, ("unrolled",)):
+            ann = {**ann, "unroll": False}  # the codegens leave the schedule's unrolling as it is
         body = unswitch_loops(s.body)
         if (s.kind == "vectorized" and isinstance(body, IfThenElse) and body.else_case is None
                 and s.loop_var not in collect_vars(body.cond)):
@@ -114,10 +118,10 @@ def unswitch_loops(s: Stmt) -> Stmt:
             conds: list[PrimExpr] = []
             _guards(body, bound, conds)
             if conds:
-                fast = For(s.loop_var, s.min, s.extent, s.kind, _assume(body, conds), s.annotations)
-                slow = For(s.loop_var, s.min, s.extent, s.kind, body, s.annotations)
+                fast = For(s.loop_var, s.min, s.extent, s.kind, _assume(body, conds), ann)
+                slow = For(s.loop_var, s.min, s.extent, s.kind, body, ann)
                 return IfThenElse(reduce(lambda a, b: binary("and", a, b), conds), fast, slow)
-        return For(s.loop_var, s.min, s.extent, s.kind, body, s.annotations)
+        return For(s.loop_var, s.min, s.extent, s.kind, body, ann)
     if isinstance(s, SeqStmt):
         return SeqStmt([unswitch_loops(x) for x in s.seq])
     if isinstance(s, IfThenElse):

@@ -26,7 +26,7 @@ from .simplify import simplify
 from .stmt import Buffer, BufferStore, For, SeqStmt, Stmt
 
 __all__ = ["VectorPlan", "plan_vector_loop", "flat_index", "stride_in", "chunk_lanes", "split_min_extent",
-           "VECTOR_DTYPES"]
+           "var_uses", "VECTOR_DTYPES"]
 
 #: Element types the vector paths handle; other accesses keep the scalar loop.
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
@@ -42,16 +42,45 @@ class VectorPlan:
 
 
 def flat_index(buf: Buffer, indices: Sequence[PrimExpr]) -> PrimExpr:
-    """Row-major flat element offset of ``buf[indices]`` (unsimplified)."""
-    flat: PrimExpr | None = None
-    for idx, stride in zip(indices, buf.strides):
-        t = idx * stride
-        flat = t if flat is None else flat + t
-    return flat if flat is not None else IntImm(0)
+    """Row-major flat element offset of ``buf[indices]`` (unsimplified, :meth:`Buffer.flat_sum`)."""
+    return buf.flat_sum(indices)
+
+
+def _affine_coeff(e: PrimExpr, v: Var) -> int | None:
+    """The coefficient of ``v`` in ``e`` when ``e`` is visibly affine in it, else None.
+
+    Covers sums, differences and products by constants of integer terms (an index as the
+    schedules write it); anything else involving ``v`` (a quotient, a select) is left to the
+    simplifier. Terms without ``v`` count 0 without being looked into further than needed.
+    """
+    if e is v:
+        return 1
+    if isinstance(e, (IntImm, Var)):
+        return 0
+    if isinstance(e, BinaryOp) and e.op in ("add", "sub", "mul"):
+        ca, cb = _affine_coeff(e.a, v), _affine_coeff(e.b, v)
+        if ca is None or cb is None:
+            return None
+        if e.op == "add":
+            return ca + cb
+        if e.op == "sub":
+            return ca - cb
+        if cb == 0 and isinstance(e.b, IntImm):
+            return ca * e.b.value
+        if ca == 0 and isinstance(e.a, IntImm):
+            return cb * e.a.value
+        return None if ca or cb else 0
+    if isinstance(e, Cast) and e.dtype in ("int32", "int64") and e.value.dtype in ("int32", "int64") \
+            and bits_of(e.dtype) >= bits_of(e.value.dtype):
+        return _affine_coeff(e.value, v)
+    return None if v in collect_vars(e) else 0
 
 
 def stride_in(flat: PrimExpr, v: Var, ranges: dict[Var, tuple[int, int]] | None = None) -> int | None:
     """Constant change of ``flat`` when ``v`` grows by one, or None when it is not constant."""
+    c = _affine_coeff(flat, v)
+    if c is not None:
+        return c
     if v not in collect_vars(flat):
         return 0
     d = simplify(substitute(flat, {v: v + 1}) - flat, ranges)
@@ -160,7 +189,7 @@ def _needs_lanes(e: PrimExpr, v: Var, rng: dict[Var, tuple[int, int]],
                  uses: dict[int, bool] | None = None) -> bool:
     """True when some part of ``e`` that depends on ``v`` has no vector form in the codegens."""
     # which subtrees use v, answered once per node (a fresh collect_vars per level is quadratic)
-    uses = _uses_var(e, v) if uses is None else uses
+    uses = var_uses(e, v) if uses is None else uses
     if not uses[id(e)]:
         return False
 
@@ -194,7 +223,7 @@ def _needs_lanes(e: PrimExpr, v: Var, rng: dict[Var, tuple[int, int]],
     return True
 
 
-def _uses_var(e: PrimExpr, v: Var) -> dict[int, bool]:
+def var_uses(e: PrimExpr, v: Var) -> dict[int, bool]:
     """``id(node) -> node references v`` for every node of ``e`` (one post-order pass)."""
     out: dict[int, bool] = {}
 
