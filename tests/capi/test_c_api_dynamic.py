@@ -261,6 +261,19 @@ def test_one_input_giving_one_symbol_two_values(driver, tmp_path):
     np.testing.assert_array_equal(_read(path, _lines(out, "get")[0], np.float32), np.maximum(x, 0))
 
 
+def _run_each(ses: "Session", xs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run the session's model once per input ``x`` (input 0); output 0 of each run, read back
+    at the shape the C API reported."""
+    paths = []
+    for x in xs:
+        ses.set(0, x)
+        ses.cmd("run")
+        paths.append(ses.get(0))
+    out = ses.go()
+    assert all(_status(line) == 0 for line in out), out
+    return [_read(path, line, np.float32) for path, line in zip(paths, _lines(out, "get"))]
+
+
 def _cnn_onnx():
     w = RNG.standard_normal((6, 3, 3, 3)).astype("float32")
     b = RNG.standard_normal(6).astype("float32")
@@ -284,18 +297,33 @@ def test_cnn_with_dynamic_batch_from_onnx(driver, tmp_path):
     py = _python(lib)
     ses = Session(driver, lib, tmp_path)
     xs = [RNG.standard_normal((b, 3, 10, 10)).astype("float32") for b in (1, 4, 6, 2)]
-    paths = []
-    for x in xs:
-        ses.set(0, x)
-        ses.cmd("run")
-        paths.append(ses.get(0))
-    out = ses.go()
-    assert all(_status(line) == 0 for line in out), out
-    for x, path, line in zip(xs, paths, _lines(out, "get")):
+    for x, got in zip(xs, _run_each(ses, xs)):
         py.run(x=x)
         want = py.get_output(0).numpy()
-        got = _read(path, line, np.float32)
         assert got.shape == (x.shape[0], 10)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_cnn_with_dynamic_image_size_from_onnx(driver, tmp_path):
+    """Symbolic H and W: the output dims are window expressions ((h-2)//2+1) the C side
+    evaluates with the same floor division as the Python executor."""
+    w = RNG.standard_normal((6, 3, 3, 3)).astype("float32")
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], strides=[1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    graph, params = kiln.frontend.from_onnx(model, dim_ranges={"h": (4, 32), "w": (4, 32)})
+    lib = _export(kiln.build(graph, params=params, target="llvm"), tmp_path, "cnn_hw.so")
+    py = _python(lib)
+    ses = Session(driver, lib, tmp_path)
+    xs = [RNG.standard_normal((1, 3, h, w)).astype("float32") for h, w in ((32, 32), (9, 17), (4, 31))]
+    for x, got in zip(xs, _run_each(ses, xs)):
+        py.run(x=x)
+        want = py.get_output(0).numpy()
+        assert got.shape == (1, 6, x.shape[2] // 2, x.shape[3] // 2)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 

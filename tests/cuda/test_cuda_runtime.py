@@ -3,13 +3,13 @@ plumbing (copies, launches, temporaries) against the mock driver of ``conftest.p
 
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 import pytest
 
 import kiln
 from kiln.runtime import cuda_driver as rc
+from tests.cuda.mock_support import hook_type, view
 from kiln.runtime.errors import DeviceError, FormatError, InputError
 
 
@@ -107,17 +107,6 @@ def test_mock_no_device(mock_cuda, monkeypatch) -> None:
         kiln.nd.empty((1,), "float32", device=kiln.cuda())
 
 
-def _hook_type():
-    return ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                            ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
-
-
-def _view(params, i: int, n: int) -> np.ndarray:
-    """The float32 array kernel parameter ``i`` points at (mock device memory is host memory)."""
-    addr = ctypes.cast(params[i], ctypes.POINTER(ctypes.c_uint64))[0]
-    return np.ctypeslib.as_array((ctypes.c_float * n).from_address(addr))
-
-
 def test_mock_launch_passes_the_right_pointers(mock_cuda) -> None:
     """A module's function launches its kernels with the arguments in order; the hook emulates
     the kernels on the host from the very pointers the runtime passed."""
@@ -129,13 +118,13 @@ def test_mock_launch_passes_the_right_pointers(mock_cuda) -> None:
     mod = rc.loadbinary_cuda(rc.encode_payload(rc.CUDAPayload("ptx", ptx.encode(), "", "sm_80", funcs)))
     seen = []
 
-    @_hook_type()
+    @hook_type()
     def hook(name, gx, gy, gz, bx, by, bz, shared, params):
         seen.append((name.decode(), gx * bx))
         if name == b"two_kernel0":  # temp = A * 2
-            _view(params, 1, 1024)[:] = _view(params, 0, 1024) * 2
+            view(params, 1, 1024)[:] = view(params, 0, 1024) * 2
         else:  # C = temp + 1
-            _view(params, 1, 1024)[:] = _view(params, 0, 1024) + 1
+            view(params, 1, 1024)[:] = view(params, 0, 1024) + 1
 
     mock_cuda.mock_set_launch_hook(hook)
     x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
@@ -167,10 +156,10 @@ def test_mock_runs_a_built_kernel(mock_cuda, needs_nvrtc) -> None:
     built = build_cuda([lower(s, [A, B, C], name="vsub")], "cuda")
     mod = rc.loadbinary_cuda(built.save_to_binary())
 
-    @_hook_type()
+    @hook_type()
     def hook(name, gx, gy, gz, bx, by, bz, shared, params):
         assert (gx, bx) == (8, 128)
-        _view(params, 2, 1000)[:] = _view(params, 0, 1000) - _view(params, 1, 1000)
+        view(params, 2, 1000)[:] = view(params, 0, 1000) - view(params, 1, 1000)
 
     mock_cuda.mock_set_launch_hook(hook)
     launches = mock_cuda.mock_launch_count()

@@ -77,10 +77,17 @@ def test_loop_through_the_backend_compiles():
         assert_close(g, w)
 
 
-def test_loop_runtime_trip_count_with_scan_outputs_is_unsupported():
-    model, _ = _loop_model()
-    with pytest.raises(UnsupportedOpError, match="trip count M.*scan output"):
-        kiln.frontend.from_onnx(model, freeze={"cond": np.array(True)})
+@pytest.mark.parametrize("m", [4, 1])
+def test_loop_runtime_trip_count_with_scan_outputs(m):
+    """The scan outputs' length is the data-dependent iteration count (built and run end to end
+    in ``tests/executor/test_loop_scan.py``)."""
+    model, feeds = _loop_model()
+    feeds["m"] = np.array(m, np.int64)
+    got, mod = run_kiln(model, feeds, freeze={"cond": np.array(True)})
+    (loop,) = [n for n in mod.nodes if n.op == "loop"]
+    assert loop.attrs["num_scan"] == 2 and mod.dim_ranges[loop.attrs["out_dim"]][0] == 0
+    for k, (g, w) in enumerate(zip(got, run_ort(model, feeds))):
+        assert_close(g, w, what=f"Loop output {k}")
 
 
 @pytest.mark.parametrize("m,stop_at", [(4, None), (0, None), (6, 2)])

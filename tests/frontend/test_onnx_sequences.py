@@ -232,9 +232,14 @@ def test_loop_carrying_a_sequence_is_unrolled():
     _assert_same(_np(m.get_output(0)), [x * 0, x * 1, x * 2])
 
 
-def test_loop_carrying_a_sequence_needs_a_static_trip_count():
-    with pytest.raises(UnsupportedOpError, match="trip count must be a constant"):
-        kiln.frontend.from_onnx(_loop_model())
+def test_loop_carrying_a_sequence_with_a_runtime_trip_count():
+    """Not unrolled: the appended elements are stacked at run time (more in
+    test_onnx_sequence_runtime.py)."""
+    x = _rand(2)
+    m = _build(_loop_model())
+    for n in (3, 0, 1):
+        m.run(x=x, m=np.array(n, np.int64))
+        _assert_same(_np(m.get_output(0)), [x * k for k in range(n)])
 
 
 # ----------------------------------------------------------------------------- optionals

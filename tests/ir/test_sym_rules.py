@@ -186,7 +186,7 @@ def test_contractions():
         g.add("dense", g.add_input("d", (3, 5)), g.add("transpose", w, axes=(1, 0)))
 
 
-def test_spatial_batch_only():
+def test_window_ops_batch_and_spatial():
     g = _g()
     x = g.add_input("x", ("b", 3, 8, 8))
     y = g.add("conv2d", x, _c(g, 4, 3, 3, 3), padding=(1, 1, 1, 1))
@@ -201,14 +201,21 @@ def test_spatial_batch_only():
     w = _c(g, 1, 1, 3, 3, 4, 4)
     assert g.add("conv2d_nchwc", blk, w, padding=(1, 1, 1, 1)).type.dims == ("b", 1, 8, 8, 4)
     assert g.add("max_pool2d_nchwc", blk, pool_size=(2, 2)).type.dims == ("b", 1, 7, 7, 4)
+    # symbolic spatial dims: the window formulas, checked >= 1 over the range
     hw = g.add_input("hw", (1, 3, "s", 8))
-    with pytest.raises(InputError, match=r"conv2d node 'c'.*'s' on axis 2.*only a symbolic batch"):
+    assert g.add("conv2d", hw, _c(g, 4, 3, 3, 3), padding=(1, 1, 1, 1)).type.dims == (1, 4, "s", 8)
+    assert g.add("max_pool2d", hw, pool_size=(1, 2), strides=(2, 2)).type.dims == (1, 3, "(s-1)//2+1", 4)
+    with pytest.raises(InputError, match=r"conv2d node 'c'.*'s-2' is < 1.*s>=1"):
         g.add("conv2d", hw, _c(g, 4, 3, 3, 3), name="c")
-    with pytest.raises(InputError, match="max_pool2d.*'s'"):
+    with pytest.raises(InputError, match="max_pool2d.*'s-1'"):
         g.add("max_pool2d", hw, pool_size=(2, 2))
+    blk = g.add("layout_transform", hw, src_layout="NCHW", dst_layout="NCHW3c")
+    assert blk.type.dims == (1, 1, "s", 8, 3)
     ch = g.add_input("ch", (1, "s", 4, 4))
     with pytest.raises(InputError, match="layout_transform.*'s'"):
         g.add("layout_transform", ch, src_layout="NCHW", dst_layout="NCHW4c")
+    with pytest.raises(InputError, match=r"conv data channels.*'s' on axis 1"):
+        g.add("conv2d", ch, _c(g, 4, 16, 1, 1))
 
 
 def test_indexing():

@@ -13,6 +13,9 @@ from kiln.runtime.errors import InputError
     ("(2*s)//2", "s"),
     ("s*s", "s * s"),
     ("(s+1)//2*b", "b*((s+1)//2)"),
+    ("(2*s-1)//2+1", "s"),  # floor((2q + r) / 2) == q + floor(r / 2)
+    ("((s-1)//2)//2", "(s-1)//4"),  # two strided windows, one floor
+    ("((s-1)//2-1)//2+1", "(s-3)//4+1"),  # floor((floor(x / k) + r) / c) == floor((x + r*k) / (k*c))
 ])
 def test_equal_expressions_have_one_canonical_form(a, b):
     assert sym.canonical(a) == sym.canonical(b)

@@ -117,22 +117,13 @@ def _add_launch_bounds(source: str, infos: Sequence[GPUFunctionInfo]) -> str:
 def function_table(infos: Sequence[GPUFunctionInfo]) -> list[Any]:
     """Turn generator metadata into the ``cuda`` module's function table.
 
-    Kernel arguments refer to the function's parameters by index and to its temporaries by
-    ``len(params) + j`` (the encoding of :class:`kiln.runtime.cuda_driver.CUDAFunction`).
+    Kernel arguments refer to the function's parameters by index, to its temporaries by
+    ``len(params) + j`` and to its runtime extents (dynamic dims) by ``len(params) +
+    len(temps) + j`` (the encoding of :class:`kiln.runtime.cuda_driver.CUDAFunction`).
     """
-    from ..runtime.cuda_driver import ARG_TENSOR, CUDAArg, CUDAFunction, CUDALaunch
+    from ..runtime.cuda_driver import CUDAFunction
 
-    table = []
-    for fi in infos:
-        nparams = len(fi.params)
-        args = tuple(CUDAArg(ARG_TENSOR, p["dtype"], tuple(int(d) for d in p["shape"])) for p in fi.params)
-        temps = tuple(int(t["nbytes"]) for t in fi.temps)
-        launches = []
-        for k in fi.kernels:
-            idx = tuple(i if where == "param" else nparams + i for where, i in k.args)
-            launches.append(CUDALaunch(k.name, tuple(k.grid), tuple(k.block), 0, idx))  # type: ignore[arg-type]
-        table.append(CUDAFunction(fi.name, args, tuple(launches), temps))
-    return table
+    return [CUDAFunction.from_dict(fi.to_dict(), "cuda codegen") for fi in infos]
 
 
 def _check_launch_limits(infos: Sequence[GPUFunctionInfo], target: Target) -> None:

@@ -28,18 +28,32 @@ How a PrimFunc becomes kernels
   ``if`` on the work-item index) is a CompileError: work-items skipping it would deadlock.
   Kernels with work-group memory report its size as ``shared_bytes``.
 
+Dynamic dimensions
+------------------
+A parameter with dynamic dims (``Buffer.dyn``, ``docs/dynamic_shapes.md``) is stored at its
+upper-bound shape; the lowering already bounds serial loops over a dynamic axis by its
+runtime extent and guards thread-bound loops with ``if (index < n)`` (their extents stay the
+constant launch size). So a kernel only needs the extents it reads: each becomes a by-value
+``int`` / ``long`` parameter after the buffers, named after its variable, and the function's
+metadata lists them (``extents``) with every ``(param, dim)`` that has each, from which the
+launcher takes and checks the value. Launches stay at the upper-bound grid: work-items past
+an extent fail their guard and exit, and work-groups keep their full size, which barriers
+need.
+
 Metadata (``GPUFunctionInfo.to_dict``), JSON-serializable, is what a runtime module needs to
 launch a function::
 
     {"name": f, "params": [{"name", "dtype", "shape"}...],
      "temps": [{"name", "dtype", "nbytes"}...],
-     "kernels": [{"name": k, "args": [["param", i] | ["temp", j], ...],
-                  "grid": [x, y, z], "block": [x, y, z]}...]}
+     "kernels": [{"name": k, "args": [["param", i] | ["temp", j] | ["extent", e], ...],
+                  "grid": [x, y, z], "block": [x, y, z]}...],
+     "extents": [{"name", "dtype", "dims": [[param, dim], ...]}...]}   # dynamic only
 
 Kernel parameters are, per buffer argument in ``args`` order, a pointer
 (``Dialect.global_qualifier T* restrict``) and — when ``Dialect.buffer_offset_args`` — a
-64-bit *byte* offset added to it on entry (OpenCL buffers are handles, not addresses).
-``grid`` counts work-groups (CUDA blocks), ``block`` work-items per group (threads).
+64-bit *byte* offset added to it on entry (OpenCL buffers are handles, not addresses); then
+one scalar per ``["extent", e]``. ``grid`` counts work-groups (CUDA blocks), ``block``
+work-items per group (threads).
 
 Writing a dialect
 -----------------
@@ -128,7 +142,8 @@ class Dialect(CDialect):
 
 @dataclass
 class GPUKernelInfo:
-    """One kernel: its name, buffer arguments and launch size (see the module docstring)."""
+    """One kernel: its name, arguments (buffers, then runtime extents) and launch size (see the
+    module docstring)."""
 
     name: str
     args: list[tuple[str, int]]
@@ -154,11 +169,16 @@ class GPUFunctionInfo:
     params: list[dict[str, Any]]
     temps: list[dict[str, Any]] = field(default_factory=list)
     kernels: list[GPUKernelInfo] = field(default_factory=list)
+    #: runtime extents of dynamic dims: ``{"name", "dtype", "dims": [[param, dim], ...]}``
+    extents: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form."""
-        return {"name": self.name, "params": self.params, "temps": self.temps,
-                "kernels": [k.to_dict() for k in self.kernels]}
+        """JSON-serializable form (``extents`` only when the function has dynamic dims)."""
+        d = {"name": self.name, "params": self.params, "temps": self.temps,
+             "kernels": [k.to_dict() for k in self.kernels]}
+        if self.extents:
+            d["extents"] = self.extents
+        return d
 
 
 class _KState(Scope):
@@ -208,12 +228,14 @@ class GPUSourceGenerator(CStylePrinter):
             raise CompileError(f"{name}: a kernel reporting a data-dependent output extent ({SET_EXTENT}: NonZero, "
                                f"Unique, NonMaxSuppression, ...) is not supported by the {self.d.name} code "
                                "generator; build for a CPU target")
-        if any(b.dyn is not None for b in f.params):
-            raise CompileError(f"{name}: dynamic dimensions are not supported by the {self.d.name} code generator yet")
         for b in f.params:
             self.d.type_name(b.dtype)
         info = GPUFunctionInfo(name, [{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in f.params])
         slots: dict[int, tuple[str, int]] = {id(b.data): ("param", i) for i, b in enumerate(f.params)}
+        for j, v in enumerate(f.dyn_vars):
+            info.extents.append({"name": v.name, "dtype": v.dtype, "dims": [
+                [i, d] for i, b in enumerate(f.params) for d, u in enumerate(b.dyn or ()) if u is v]})
+            slots[id(v)] = ("extent", j)
         bufs: dict[int, Buffer] = {id(b.data): b for b in f.params}
         parts: list[Stmt] = []
         self._split(f.body, info, slots, bufs, parts)
@@ -280,6 +302,13 @@ class GPUSourceGenerator(CStylePrinter):
             if k not in slots:
                 raise CompileError(f"{d.name} codegen: {kname}: buffer {bufs.get(k, '?')} is neither a parameter "
                                    "nor a temporary")
+        # runtime extents the kernel reads: scalar parameters after the buffers, in the
+        # function's extent order (the launcher fills them from the arguments' actual shapes)
+        kvars = _vars_of_stmt(body)
+        exts = sorted((v for v in kvars if slots.get(id(v), ("",))[0] == "extent"), key=lambda v: slots[id(v)][1])
+        for v in exts:
+            self._name(v)
+            st.nonneg.add(v)
         sig: list[str] = []
         pro: list[str] = []
         for k in args:
@@ -293,6 +322,8 @@ class GPUSourceGenerator(CStylePrinter):
                 pro.append(f"  {gq}{t}* {d.restrict} {nm} = ({gq}{t}*)(({gq}char*){nm}_base + {nm}_off);")
             else:
                 sig.append(f"{gq}{t}* {d.restrict} {nm}")
+        for v in exts:
+            sig.append(f"const {d.type_name(v.dtype)} {self._name(v)}")
         lines: list[str] = []
         self._stmt(body, lines, 1)
         shared = [f"  {d.shared_qualifier} {d.type_name(b.dtype)} {self._buf_name(b)}[{max(b.size, 1)}];"
@@ -302,19 +333,25 @@ class GPUSourceGenerator(CStylePrinter):
         grid = tuple(st.launch.get(f"blockIdx.{a}", 1) for a in "xyz")
         block = tuple(st.launch.get(f"threadIdx.{a}", 1) for a in "xyz")
         shared_bytes = sum(int(b.nbytes) for b in st.shared)
-        return GPUKernelInfo(kname, [slots[k] for k in args], grid, block,  # type: ignore[arg-type]
-                             int(shared_bytes))
+        return GPUKernelInfo(kname, [slots[k] for k in args] + [slots[id(v)] for v in exts],
+                             grid, block, int(shared_bytes))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ expressions
     def _checked_index(self, e: Call) -> str:
         """:data:`~kiln.tir.expr.CHECKED_INDEX` on a device: a kernel has no error path, so a
         negative index wraps and an out-of-range one is clamped into ``[0, n)`` (memory stays
-        safe; the value is not an error as on the CPU targets)."""
+        safe; the value is not an error as on the CPU targets). ``n`` may be a runtime extent:
+        the index is then clamped to the valid data, never into the padding."""
+        t = self.d.type_name("int64")
+        if not isinstance(e.args[1], IntImm):
+            v, n_rt = self.expr(e.args[0]), f"(({t}){self.expr(e.args[1])})"
+            wrapped = f"({v} < 0 ? {v} + {n_rt} : {v})"
+            # an extent of 0 clamps to element 0, which the upper-bound storage always has
+            return f"kiln_max_i64(kiln_min_i64({wrapped}, {n_rt} - 1), ({t})0)"
         n = e.args[1].value
         if n == 0:
             raise CompileError(f"{self.lang} codegen: {e.text}: an index into a zero-size axis is never valid, "
                                "and device kernels cannot report the error; run this op on the CPU")
-        t = self.d.type_name("int64")
         v = self.expr(e.args[0])
         wrapped = f"({v} < 0 ? {v} + ({t}){n} : {v})"
         return f"kiln_min_i64(kiln_max_i64({wrapped}, ({t})0), ({t}){n - 1})"
@@ -383,6 +420,18 @@ def _vars_of(e: PrimExpr) -> set[Var]:
     out: set[Var] = set()
     post_order_visit(e, lambda n: out.add(n) if isinstance(n, Var) else None)
     return out
+
+
+def _vars_of_stmt(s: Stmt) -> list[Var]:
+    """The variables ``s`` reads, each once, in first-use order (for a deterministic signature)."""
+    out: dict[int, Var] = {}
+
+    def f(n: Any) -> None:
+        if isinstance(n, Var):
+            out.setdefault(id(n), n)
+
+    post_order_visit(s, f)
+    return list(out.values())
 
 
 def _has_barrier(s: Stmt) -> bool:

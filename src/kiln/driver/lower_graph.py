@@ -293,13 +293,13 @@ def _check_nop_layout(group: FusedGroup) -> None:
 
 
 def _moving_reshape(group: FusedGroup) -> Any:
-    """The reshape node of a single-reshape group that moves data in the padded layout."""
-    from ..ir.sym_rules import same_padded_layout
-
+    """The reshape node of a single-reshape kernel group of a dynamic tensor: one that moves
+    data in the padded layout, or one that must copy although the layouts agree (a graph
+    output reshaping a graph input); either way its reads use the runtime extents."""
     if len(group.nodes) != 1 or group.nodes[0].op != "reshape" or len(group.inputs) != 1:
         return None
     n = group.nodes[0]
-    return None if same_padded_layout(n.inputs[0].type, n.outputs[0].type) else n
+    return n if n.inputs[0].type.sym is not None or n.outputs[0].type.sym is not None else None
 
 
 def _control_func(group: FusedGroup) -> str | None:

@@ -379,7 +379,7 @@ def _sym_types(opdef: Any, in_types: list[TensorType], attrs: dict[str, Any],
                ) -> list[TensorType]:
     """``out_types`` with the symbolic dims the op's rule infers; an op without a rule raises
     rather than dropping a symbol."""
-    from .sym_rules import get_sym_rule
+    from .sym_rules import POSITIVE_DIMS, get_sym_rule
 
     target = attrs.get("sym_shape")
     if target is not None:
@@ -398,6 +398,14 @@ def _sym_types(opdef: Any, in_types: list[TensorType], attrs: dict[str, Any],
     if len(syms) != len(out_types):
         raise KilnError(f"symbolic rule of op {opdef.name!r} returned {len(syms)} results "
                         f"for {len(out_types)} outputs")
+    if opdef.name in POSITIVE_DIMS:
+        # a window that no longer fits the smallest input would give an empty output
+        for s in syms:
+            for d in s or ():
+                if isinstance(d, str) and _sym.bounds(d, ranges)[0] < 1:
+                    lo = ", ".join(f"{n}>={ranges[n][0]}" for n in sorted(_sym.symbols(d)))
+                    raise InputError(f"output dimension {d!r} is < 1 at the low end of the "
+                                     f"ranges ({lo}); raise the lower bound of the range")
     # type_rel may hand back an input type as is (sym included): the rule's answer wins.
     return [t if s == t.sym else TensorType(t.shape, t.dtype, s) for t, s in zip(out_types, syms)]
 

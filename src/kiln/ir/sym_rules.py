@@ -19,7 +19,10 @@ Conventions the rules share:
 
 * Broadcasting: a static 1 broadcasts; two symbolic dims must be the same canonical expression;
   a symbolic dim against a static dim other than 1 is an error (the runtime extent may differ).
-* Sliding-window, layout and channel ops accept a symbolic *batch* (axis 0) only.
+* Sliding-window ops (convolution, pooling, resize) accept symbolic batch and spatial dims;
+  their output dims are the window formulas over the input's expressions
+  (``(h + 2*p - d*(k-1) - 1)//s + 1``, :func:`window_dim`). Channels stay static.
+  ``grid_sample`` and ``roi_align`` accept a symbolic *batch* (axis 0) only.
 * Padded layout: a tensor is stored at its upper bound, the real data at the start of every
   dim. So ops that index a symbolic axis from its end (negative slice starts, reversals,
   padding after it, splitting it) are rejected.
@@ -36,8 +39,8 @@ from ..runtime.errors import InputError, KilnError, UnsupportedOpError
 from ..runtime.sym import Dim
 from .types import TensorType
 
-__all__ = ["RULES", "get_sym_rule", "sym_rule", "broadcast_dims", "format_dims", "padded_layout_key",
-           "same_padded_layout"]
+__all__ = ["RULES", "POSITIVE_DIMS", "get_sym_rule", "sym_rule", "broadcast_dims", "format_dims",
+           "padded_layout_key", "same_padded_layout", "window_dim", "scale_fraction"]
 
 Attrs = dict[str, Any]
 SymOut = tuple[Dim | None, ...] | None
@@ -111,11 +114,12 @@ def _sym(dims: Sequence[Dim], out: TensorType) -> SymOut:
     return tuple(res) if any(r is not None for r in res) else None
 
 
-def _static_only(t: TensorType, axes: Sequence[int], what: str) -> None:
+def _static_only(t: TensorType, axes: Sequence[int], what: str,
+                 allowed: str = "only a symbolic batch") -> None:
     for a in axes:
         if isinstance(t.dims[a], str):
             raise InputError(f"{what}: symbolic dimension {t.dims[a]!r} on axis {a} of "
-                             f"{format_dims(t.dims)} is not supported (only a symbolic batch)")
+                             f"{format_dims(t.dims)} is not supported ({allowed})")
 
 
 def _all_static(t: TensorType, what: str) -> None:
@@ -424,20 +428,125 @@ def _matmul(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[
     return [_sym(broadcast_dims(a[:-2], b[:-2]) + (a[-2], b[-1]), outs[0])]
 
 
-# ---------------------------------------------------------------------- batch-only ops
-@sym_rule("conv2d", "conv2d_transpose", "conv2d_nchwc")
+# ---------------------------------------------------------------------- sliding windows
+#: Ops whose symbolic output dims must stay >= 1 over the symbols' ranges: the graph checks
+#: it (:meth:`kiln.ir.Graph.add_node` knows the ranges, the rules do not).
+POSITIVE_DIMS = ("conv2d", "conv2d_transpose", "conv2d_nchwc", "max_pool2d", "avg_pool2d",
+                 "max_pool2d_nchwc", "resize2d")
+
+
+def window_dim(n: Dim, k: int, s: int, p0: int, p1: int, d: int, ceil: bool = False) -> Dim:
+    """Output length of a sliding window along a dim of length ``n`` (maybe symbolic).
+
+    The static rule is :func:`kiln.ir.ops._util.conv_out_size`. In ceil_mode it is
+    ``A = ceil((n + p0 + p1 - eff) / s) + 1`` less one when the last window would start in the
+    end padding, that is ``min(A, B)`` with ``B = ceil((n + p0) / s)``, the windows starting
+    before the end of the input. The numerators of ``A`` and ``B`` (over ``s``) differ by
+    ``p1 + s - eff``, less than ``s`` since padding is smaller than the window, so ``A <= B``
+    for every ``n`` when that is <= 0, else ``A >= B``: one floor division either way.
+
+    Parameters
+    ----------
+    n : int or str
+        Input length (a canonical symbolic dim or an int).
+    k, s, d : int
+        Window size, stride, dilation.
+    p0, p1 : int
+        Padding before and after.
+    ceil : bool
+        ceil_mode (pools).
+
+    Returns
+    -------
+    int or str
+        The output length; symbolic when ``n`` is.
+    """
+    eff = (k - 1) * d + 1
+    if not isinstance(n, str):
+        from .ops._util import conv_out_size
+
+        return conv_out_size(n, k, s, p0, p1, d, ceil)
+    if not ceil:
+        return sym.add(sym.floordiv(sym.add(n, p0 + p1 - eff), s), 1)
+    if p1 + s - eff <= 0:
+        return sym.add(sym.floordiv(sym.add(n, p0 + p1 - eff + s - 1), s), 1)
+    return sym.floordiv(sym.add(n, p0 + s - 1), s)
+
+
+@sym_rule("conv2d", "conv2d_nchwc")
 def _conv(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
     data, weight = ts
-    _static_only(data, range(1, data.ndim), "conv data")
     _all_static(weight, "conv weight")
-    return [_sym((data.dims[0],) + outs[0].shape[1:], outs[0])]
+    _static_only(data, [1] + list(range(4, data.ndim)), "conv data channels",
+                 "symbolic batch and spatial dims only")
+    kh, kw = weight.shape[2:4]
+    (sh, sw), (dh, dw) = attrs["strides"], attrs["dilation"]
+    pt, pl, pb, pr = attrs["padding"]
+    oh = window_dim(data.dims[2], kh, sh, pt, pb, dh)
+    ow = window_dim(data.dims[3], kw, sw, pl, pr, dw)
+    return [_sym((data.dims[0], outs[0].shape[1], oh, ow) + outs[0].shape[4:], outs[0])]
 
 
-@sym_rule("max_pool2d", "avg_pool2d", "max_pool2d_nchwc", "resize2d")
+@sym_rule("conv2d_transpose")
+def _conv_transpose(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
+    data, weight = ts
+    _all_static(weight, "conv weight")
+    _static_only(data, [1], "conv data channels",
+                 "symbolic batch and spatial dims only")
+    dims: list[Dim] = [data.dims[0], outs[0].shape[1]]
+    for a, n in enumerate(data.dims[2:4]):
+        k, s, d, op_ = (weight.shape[2 + a], attrs["strides"][a], attrs["dilation"][a],
+                        attrs["output_padding"][a])
+        p = attrs["padding"][a] + attrs["padding"][a + 2]
+        # s * (n - 1) + output_padding + (k - 1) * d + 1 - pads
+        dims.append(sym.add(sym.mul(n, s), op_ + (k - 1) * d + 1 - p - s))
+    return [_sym(dims, outs[0])]
+
+
+@sym_rule("max_pool2d", "avg_pool2d", "max_pool2d_nchwc")
 def _pool(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
     data = ts[0]
-    _static_only(data, range(1, data.ndim), "pooling / resize data")
-    return [_sym((data.dims[0],) + outs[0].shape[1:], outs[0])]
+    _static_only(data, [1] + list(range(4, data.ndim)), "pooling data channels",
+                 "symbolic batch and spatial dims only")
+    (kh, kw), (sh, sw), (dh, dw) = attrs["pool_size"], attrs["strides"], attrs["dilation"]
+    pt, pl, pb, pr = attrs["padding"]
+    ceil = bool(attrs["ceil_mode"])
+    oh = window_dim(data.dims[2], kh, sh, pt, pb, dh, ceil)
+    ow = window_dim(data.dims[3], kw, sw, pl, pr, dw, ceil)
+    return [_sym((data.dims[0], outs[0].shape[1], oh, ow) + outs[0].shape[4:], outs[0])]
+
+
+def scale_fraction(scale: float) -> tuple[int, int] | None:
+    """``(p, q)`` with ``scale == p / q`` (to 1e-9, q <= 64), or None: how a resize by
+    ``scale`` sizes a symbolic dim, ``floor(n * scale) == (p * n) // q``."""
+    from fractions import Fraction
+
+    f = Fraction(scale).limit_denominator(64)
+    if abs(float(f) - scale) > 1e-9 * max(1.0, scale):
+        return None
+    return f.numerator, f.denominator
+
+
+@sym_rule("resize2d")
+def _resize(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
+    data = ts[0]
+    _static_only(data, [1], "resize data channels",
+                 "symbolic batch and spatial dims only")
+    dims: list[Dim] = [data.dims[0], outs[0].shape[1]]
+    for a, n in enumerate(data.dims[2:4]):
+        if not isinstance(n, str):
+            dims.append(outs[0].shape[2 + a])
+            continue
+        scale = float(attrs["scales"][a])
+        pq = scale_fraction(scale)
+        size = attrs["size"][a]
+        if pq is None or size != (pq[0] * data.shape[2 + a]) // pq[1]:
+            raise InputError(f"resize2d: symbolic dimension {n!r} (axis {2 + a}) must be resized by "
+                             f"a rational scale (p/q, q <= 64) giving size floor(n * scale); got scale "
+                             f"{scale} and size {size} at the upper bound {data.shape[2 + a]} (a fixed "
+                             "output size for a symbolic input is not supported)")
+        dims.append(sym.floordiv(sym.mul(n, pq[0]), pq[1]))
+    return [_sym(dims, outs[0])]
 
 
 @sym_rule("layout_transform")
@@ -482,8 +591,8 @@ def _roi_align(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> li
 def _take(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
     data, idx = ts
     axis = _norm(attrs["axis"], data.ndim)
-    # Indices along a symbolic axis must lie below its runtime extent; a negative index
-    # counts from the upper bound there (the padded layout), so frontends pass them >= 0.
+    # Indices along a symbolic axis are checked against its runtime extent, and a negative
+    # one counts from that extent (topi.transform.take), as on a static axis.
     return [_sym(data.dims[:axis] + idx.dims + data.dims[axis + 1:], outs[0])]
 
 

@@ -16,6 +16,12 @@ segments of the sub-executor.
   the node's initial inputs, the body reads them zero copy, and its results are copied back
   after every iteration (a result that is itself a body argument is snapshotted first, so a
   body that swaps two carried values stays correct).
+* A loop's **scan outputs** (``num_scan``) are planned for the iteration count's upper bound
+  (their leading dim is a data-dependent symbol, ``docs/dynamic_shapes.md``): iteration ``i``'s
+  scan values are copied into row ``i``, and after the loop the count is written into the
+  leading dim of each scan output's DLTensor, from which the parent executor takes the symbol's
+  value (as after a kernel that reports an extent) and re-shapes every later entry. A loop that
+  would run past the bound fails before writing past the planned rows.
 
 Errors raised while a nested graph runs are re-raised as :class:`KernelError` naming the node,
 its function and the branch (or body). CPU (host-visible) entries only.
@@ -120,7 +126,18 @@ class _LoopRunner(_ControlNode):
                  in_eids: tuple[int, ...], out_eids: tuple[int, ...]) -> None:
         super().__init__(parent, nid, node, in_eids, out_eids)
         self.body = b = _Nested(parent, node, "body", in_eids)
-        n = len(out_eids)
+        n_scan = int(node.attrs.get("num_scan", 0))
+        n = len(out_eids) - n_scan
+        self.n_carried = n
+        self.carried_eids = out_eids[:n]
+        # the scan outputs' host memory at the planned (upper-bound) shape: row i is iteration i
+        self.scan_eids = out_eids[n:]
+        self.scan_views: list[np.ndarray] = []
+        for e in self.scan_eids:
+            view = parent.host_view(e)
+            assert view is not None  # CPU memory, checked above
+            self.scan_views.append(view)
+        self.max_iterations = parent.graph.shape[self.scan_eids[0]][0] if n_scan else None
         # carried state lives in the parent's outputs; captured values are the node's inputs
         self.pairs = ([(b.arg_eids[2 + k], out_eids[k]) for k in range(n)]
                       + [(b.arg_eids[2 + k], in_eids[2 + k]) for k in range(n, b.n_decl - 2)] + b.param_pairs)
@@ -134,19 +151,30 @@ class _LoopRunner(_ControlNode):
         p, b = self.parent, self.body
         trip = int(_scalar(p.arrays[self.in_eids[0]]))
         cond = bool(_scalar(p.arrays[self.in_eids[1]]))
-        for k, o in enumerate(self.out_eids):
+        n = self.n_carried
+        for k, o in enumerate(self.carried_eids):
             p.arrays[o].copyfrom(p.arrays[self.in_eids[2 + k]])
         b.bind(p, self.pairs)
         it = 0
         while cond and it < trip:
+            if self.max_iterations is not None and it >= self.max_iterations:
+                raise KernelError(
+                    f"graph node {self.nid} ({self.name!r}), function {self.func_name!r}: the loop runs more than "
+                    f"{self.max_iterations} iterations, the bound its scan outputs were planned for (the trip count "
+                    "M known at import, else kiln.frontend.onnx.ops_control.RUNTIME_LOOP_MAX_ITERATIONS)")
             self.it_view[...] = it
             self.cond_view[...] = cond
             self._run(b)
             res = b.results()
             cond = bool(_scalar(res[0]))
-            for o, r in zip(self.out_eids, res[1:]):
+            for o, r in zip(self.carried_eids, res[1: 1 + n]):
                 p.arrays[o].copyfrom(r)
+            for view, r in zip(self.scan_views, res[1 + n:]):
+                view[it] = r.numpy().reshape(view.shape[1:])
             it += 1
+        # the actual count, read by the parent like a kernel-reported extent (GraphExecutor.segments)
+        for e in self.scan_eids:
+            p.tensors[e].shape[0] = it
 
 
 _RUNNERS = {"__if": _IfRunner, "__loop": _LoopRunner}

@@ -13,13 +13,20 @@ A packed function of a GPU module (what the graph JSON's ``func_name`` names) is
 temporaries, and the kernel launches it makes in order (:class:`GPULaunch`). A launch names
 its kernel, its grid (blocks / work-groups) and block (threads / work-items) and the
 function arguments it takes by index; an index ``i >= len(args)`` is temporary
-``i - len(args)``. Shapes are static, so launch sizes are fixed at compile time.
+``i - len(args)``, and one past the temporaries is runtime extent ``i - len(args) -
+len(temps)``. Launch sizes are fixed at compile time (the upper bounds, for dynamic dims).
 
-Payload (``save_to_binary``), version 2, little-endian; a *string* is a u64 length and that
-many bytes (UTF-8 for text)::
+A function with dynamic dimensions (``docs/dynamic_shapes.md``) has *runtime extents*
+(:class:`GPUExtent`): each is the actual size of some dims of its tensor arguments, which
+are stored at their upper-bound shape (the padded layout). The launcher takes the arguments'
+actual shapes (``shapes=``, what the graph executor passes), checks them and hands each
+kernel the extents it reads as scalar parameters after its buffers.
+
+Payload (``save_to_binary``), version 2 or 3, little-endian; a *string* is a u64 length and
+that many bytes (UTF-8 for text)::
 
     8 bytes   magic of the module type (b"KILNCUDA", b"KILNOCL\\0", ...)
-    u32       payload version (2)
+    u32       payload version (2; 3 when a function has runtime extents)
     string    binary format ("ptx", "cubin", "cl", ...)
     string    target architecture ("sm_90"; may be empty)
     string    the binary the driver loads (may be empty when the source is what it compiles)
@@ -29,6 +36,8 @@ many bytes (UTF-8 for text)::
       u64       number of arguments; per argument: u8 kind (0 tensor, 1 int, 2 float),
                 string name, string dtype, u64 ndim, i64 shape[ndim]
       u64       number of temporaries, u64 byte size each
+      (version 3 only) u64 number of runtime extents; per extent: string name, string
+                dtype ("int32" / "int64"), u64 count, (u32 argument, u32 dim) each
       u64       number of launches; per launch: string kernel, u32 grid[3], u32 block[3],
                 u32 dynamic shared bytes, u64 count, u32 argument index each
 
@@ -46,8 +55,11 @@ Launching
 ``get_function(name)`` returns a launcher that checks its arguments (count, NDArray on one
 device of the module's device type, dtype, shape), loads the program on that device the
 first time (:meth:`GPUModule._load`), allocates the temporaries once per device, and hands
-the backend a launch plan (:meth:`GPUModule._prepare`), cached for the argument values of the
-previous call, because the graph executor calls every function with the same arrays each run.
+the backend a launch plan (:meth:`GPUModule._prepare`), cached for the argument values (and
+runtime extents) of the previous call, because the graph executor calls every function with
+the same arrays each run. A function with runtime extents also takes ``shapes=``, the actual
+shape of each tensor argument (``InputError`` when an extent exceeds its upper bound or two
+dims that share it disagree); the extents become ctypes scalars after the temporaries.
 """
 
 from __future__ import annotations
@@ -64,8 +76,8 @@ from .errors import DeviceError, FormatError, InputError, KilnError
 from .module import Module
 
 __all__ = [
-    "ARG_TENSOR", "ARG_INT", "ARG_FLOAT", "GPUArg", "GPULaunch", "GPUFunction", "GPUPayload", "GPUModule",
-    "PAYLOAD_VERSION", "SCALAR_CTYPES", "GPUDeviceAPI",
+    "ARG_TENSOR", "ARG_INT", "ARG_FLOAT", "GPUArg", "GPUExtent", "GPULaunch", "GPUFunction", "GPUPayload",
+    "GPUModule", "PAYLOAD_VERSION", "DYNAMIC_PAYLOAD_VERSION", "SCALAR_CTYPES", "GPUDeviceAPI",
 ]
 
 #: Argument kinds in the function table.
@@ -74,6 +86,9 @@ _ARG_KINDS = {ARG_TENSOR: "tensor", ARG_INT: "int", ARG_FLOAT: "float"}
 
 #: Version of the common payload layout written by :meth:`GPUModule.encode_payload`.
 PAYLOAD_VERSION = 2
+#: The version written when some function has runtime extents (version 2 plus an extent
+#: table per function); static modules keep writing version 2, which older Kilns read.
+DYNAMIC_PAYLOAD_VERSION = 3
 
 #: ctypes type of each scalar dtype a kernel may take by value.
 SCALAR_CTYPES: dict[str, Any] = {
@@ -110,6 +125,26 @@ class GPUArg:
 
 
 @dataclass(frozen=True)
+class GPUExtent:
+    """A runtime extent of a function: the actual size of dynamic tensor dims.
+
+    Attributes
+    ----------
+    name : str
+        The dim's variable name (for messages).
+    dtype : str
+        ``"int32"`` or ``"int64"``: the type of the kernel parameter it is passed as.
+    dims : tuple of (int, int)
+        ``(argument index, dim)`` of every tensor dim that has this extent; the first gives
+        its value, the others must agree. Each dim's static size is the extent's upper bound.
+    """
+
+    name: str
+    dtype: str
+    dims: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class GPULaunch:
     """One kernel launch of a packed function.
 
@@ -123,7 +158,8 @@ class GPULaunch:
         Dynamic shared memory per block the launch reserves (statically declared shared /
         local memory is part of the kernel and not counted here).
     args : tuple of int
-        Indices into the function's arguments, then temporaries, in kernel parameter order.
+        Indices into the function's arguments, then temporaries, then runtime extents, in
+        kernel parameter order.
     """
 
     kernel: str
@@ -135,22 +171,34 @@ class GPULaunch:
 
 @dataclass(frozen=True)
 class GPUFunction:
-    """A packed function: its arguments, temporaries (byte sizes) and kernel launches."""
+    """A packed function: its arguments, temporaries (byte sizes), kernel launches and runtime
+    extents (:class:`GPUExtent`, empty for a static function)."""
 
     name: str
     args: tuple[GPUArg, ...]
     launches: tuple[GPULaunch, ...]
     temps: tuple[int, ...] = ()
+    extents: tuple[GPUExtent, ...] = ()
 
     def check(self, where: str) -> None:
-        """Raise :class:`FormatError` unless every launch takes existing arguments/temporaries."""
-        n = len(self.args) + len(self.temps)
+        """Raise :class:`FormatError` unless every launch takes existing arguments, temporaries
+        or extents, and every extent names a tensor dim of the function."""
+        n = len(self.args) + len(self.temps) + len(self.extents)
         for ln in self.launches:
             for i in ln.args:
                 if not 0 <= i < n:
                     raise FormatError(f"{where}: kernel {ln.kernel!r} of {self.name!r} takes argument {i}, but "
-                                      f"{self.name!r} has {len(self.args)} arguments and {len(self.temps)} "
-                                      "temporaries")
+                                      f"{self.name!r} has {len(self.args)} arguments, {len(self.temps)} "
+                                      f"temporaries and {len(self.extents)} runtime extents")
+        for x in self.extents:
+            if x.dtype not in ("int32", "int64") or not x.dims:
+                raise FormatError(f"{where}: runtime extent {x.name!r} of {self.name!r} has dtype {x.dtype!r} and "
+                                  f"{len(x.dims)} dims; expected int32/int64 and at least one dim")
+            for i, d in x.dims:
+                a = self.args[i] if 0 <= i < len(self.args) else None
+                if a is None or a.kind != ARG_TENSOR or not 0 <= d < len(a.shape):
+                    raise FormatError(f"{where}: runtime extent {x.name!r} of {self.name!r} is dim {d} of argument "
+                                      f"{i}, which is not a dim of a tensor argument")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "GPU function metadata") -> "GPUFunction":
@@ -171,33 +219,44 @@ class GPUFunction:
             args = tuple(GPUArg(ARG_TENSOR, str(p["dtype"]), tuple(int(x) for x in p["shape"]), str(p.get("name", "")))
                          for p in d["params"])
             temps = tuple(int(t["nbytes"]) for t in d["temps"])
+            extents = tuple(GPUExtent(str(x["name"]), str(x["dtype"]), tuple((int(i), int(k)) for i, k in x["dims"]))
+                            for x in d.get("extents", ()))
+            base = {"param": 0, "temp": len(args), "extent": len(args) + len(temps)}
             launches = []
             for k in d["kernels"]:
                 idx = []
                 for where_, i in k["args"]:
-                    if where_ not in ("param", "temp"):
-                        raise ValueError(f"kernel argument {where_!r} is neither 'param' nor 'temp'")
-                    idx.append(int(i) + (len(args) if where_ == "temp" else 0))
+                    if where_ not in base:
+                        raise ValueError(f"kernel argument {where_!r} is neither 'param' nor 'temp' nor 'extent'")
+                    idx.append(int(i) + base[where_])
                 grid, block = (tuple(int(x) for x in k[f]) for f in ("grid", "block"))
                 if len(grid) != 3 or len(block) != 3 or not all(0 < x < 2**32 for x in (*grid, *block)):
                     raise ValueError(f"grid {list(grid)} / block {list(block)} must be 3 positive u32 each")
                 launches.append(GPULaunch(str(k["name"]), grid, block, 0, tuple(idx)))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise FormatError(f"{where}: malformed function metadata ({err!r}) in {d!r:.200}") from None
-        f = cls(name, args, tuple(launches), temps)
+        f = cls(name, args, tuple(launches), temps, extents)
         f.check(where)
         return f
 
     def to_dict(self) -> dict[str, Any]:
         """The codegen metadata layout of :meth:`from_dict` (tensor arguments only)."""
-        n = len(self.args)
-        return {
+        n, t = len(self.args), len(self.args) + len(self.temps)
+
+        def slot(i: int) -> list[Any]:
+            return ["param", i] if i < n else ["temp", i - n] if i < t else ["extent", i - t]
+
+        d: dict[str, Any] = {
             "name": self.name,
             "params": [{"name": a.name, "dtype": a.dtype, "shape": list(a.shape)} for a in self.args],
             "temps": [{"nbytes": t} for t in self.temps],
-            "kernels": [{"name": ln.kernel, "args": [["param", i] if i < n else ["temp", i - n] for i in ln.args],
+            "kernels": [{"name": ln.kernel, "args": [slot(i) for i in ln.args],
                          "grid": list(ln.grid), "block": list(ln.block)} for ln in self.launches],
         }
+        if self.extents:
+            d["extents"] = [{"name": x.name, "dtype": x.dtype, "dims": [list(p) for p in x.dims]}
+                            for x in self.extents]
+        return d
 
 
 @dataclass
@@ -211,8 +270,11 @@ class GPUPayload:
     functions: list[GPUFunction] = field(default_factory=list)
 
 
-def write_function_table(w: Writer, functions: Sequence[GPUFunction]) -> None:
-    """Append the function table of the version-2 layout (module docstring) to ``w``."""
+def write_function_table(w: Writer, functions: Sequence[GPUFunction], version: int = PAYLOAD_VERSION) -> None:
+    """Append the function table of the version-2 or -3 layout (module docstring) to ``w``."""
+    if version < DYNAMIC_PAYLOAD_VERSION and any(f.extents for f in functions):
+        raise KilnError(f"GPU payload version {version} cannot hold runtime extents (dynamic dims); "
+                        f"write version {DYNAMIC_PAYLOAD_VERSION}")
     w.u64(len(functions))
     for f in functions:
         w.string(f.name)
@@ -225,6 +287,15 @@ def write_function_table(w: Writer, functions: Sequence[GPUFunction]) -> None:
             for d in a.shape:
                 w.i64(int(d))
         w.u64_vector([int(t) for t in f.temps])
+        if version >= DYNAMIC_PAYLOAD_VERSION:
+            w.u64(len(f.extents))
+            for x in f.extents:
+                w.string(x.name)
+                w.string(x.dtype)
+                w.u64(len(x.dims))
+                for i, d in x.dims:
+                    w.u32(int(i))
+                    w.u32(int(d))
         w.u64(len(f.launches))
         for ln in f.launches:
             w.string(ln.kernel)
@@ -235,7 +306,7 @@ def write_function_table(w: Writer, functions: Sequence[GPUFunction]) -> None:
                 w.u32(int(i))
 
 
-def read_function_table(r: Reader, arg_names: bool = True) -> list[GPUFunction]:
+def read_function_table(r: Reader, arg_names: bool = True, version: int = PAYLOAD_VERSION) -> list[GPUFunction]:
     """Read what :func:`write_function_table` wrote (``arg_names=False``: the ``cuda`` v1 layout)."""
     funcs: list[GPUFunction] = []
     for _ in range(r.count("function count", 24)):
@@ -250,13 +321,21 @@ def read_function_table(r: Reader, arg_names: bool = True) -> list[GPUFunction]:
             shape = tuple(r.i64("argument shape") for _ in range(r.count("argument ndim", 8)))
             args.append(GPUArg(kind, dtype, shape, aname))
         temps = tuple(r.u64_vector(f"temporaries of {name!r}"))
+        extents = []
+        if version >= DYNAMIC_PAYLOAD_VERSION:
+            for _ in range(r.count(f"runtime extent count of {name!r}", 24)):
+                xname = r.string("extent name")
+                xdtype = r.string("extent dtype")
+                xdims = tuple((r.u32("extent argument"), r.u32("extent dim"))
+                              for _ in range(r.count("extent dim count", 8)))
+                extents.append(GPUExtent(xname, xdtype, xdims))
         launches = []
         for _ in range(r.count(f"launch count of {name!r}", 44)):
             kernel = r.string("kernel name")
             dims = [r.u32("launch dims") for _ in range(7)]
             kargs = tuple(r.u32("kernel argument index") for _ in range(r.count("kernel argument count", 4)))
             launches.append(GPULaunch(kernel, tuple(dims[0:3]), tuple(dims[3:6]), dims[6], kargs))  # type: ignore[arg-type]
-        f = GPUFunction(name, tuple(args), tuple(launches), temps)
+        f = GPUFunction(name, tuple(args), tuple(launches), temps, tuple(extents))
         f.check(f"{r.where} at offset {r.pos}")
         funcs.append(f)
     return funcs
@@ -417,18 +496,20 @@ class GPUModule(Module):
 
     @classmethod
     def encode_payload(cls, p: GPUPayload) -> bytes:
-        """Serialize a payload in the version-2 layout (module docstring)."""
+        """Serialize a payload in the version-2 layout, or version 3 when a function has runtime
+        extents (module docstring)."""
         if p.fmt not in cls.binary_formats:
             raise KilnError(f"{cls.type_key} module: binary format must be one of {list(cls.binary_formats)}, "
                             f"got {p.fmt!r}")
         w = Writer()
+        version = DYNAMIC_PAYLOAD_VERSION if any(f.extents for f in p.functions) else PAYLOAD_VERSION
         w.raw(cls.payload_magic)
-        w.u32(PAYLOAD_VERSION)
+        w.u32(version)
         w.string(p.fmt)
         w.string(p.arch)
         w.sized_bytes(p.data)
         w.string(p.source)
-        write_function_table(w, p.functions)
+        write_function_table(w, p.functions, version)
         return w.getvalue()
 
     @classmethod
@@ -449,17 +530,17 @@ class GPUModule(Module):
         version = r.u32("version")
         if version in cls.legacy_versions:
             p = cls._decode_legacy(r, version)
-        elif version == PAYLOAD_VERSION:
-            p = cls._read_body(r)
+        elif version in (PAYLOAD_VERSION, DYNAMIC_PAYLOAD_VERSION):
+            p = cls._read_body(r, version=version)
         else:
+            known = sorted({*cls.legacy_versions, PAYLOAD_VERSION, DYNAMIC_PAYLOAD_VERSION})
             raise FormatError(f"{where}: {cls.type_key} module payload version {version} is not supported (this "
-                              f"Kiln reads versions {sorted({*cls.legacy_versions, PAYLOAD_VERSION})}); rebuild "
-                              "the library with this Kiln")
+                              f"Kiln reads versions {known}); rebuild the library with this Kiln")
         r.expect_end("the function table")
         return p
 
     @classmethod
-    def _read_body(cls, r: Reader, arg_names: bool = True) -> GPUPayload:
+    def _read_body(cls, r: Reader, arg_names: bool = True, version: int = PAYLOAD_VERSION) -> GPUPayload:
         """The fields after the version (``arg_names=False``: the ``cuda`` version-1 table)."""
         fmt = r.string("binary format")
         if fmt not in cls.binary_formats:
@@ -467,7 +548,7 @@ class GPUModule(Module):
         arch = r.string("arch")
         binary = r.sized_bytes("binary")
         source = r.string("source")
-        return GPUPayload(fmt, binary, source, arch, read_function_table(r, arg_names))
+        return GPUPayload(fmt, binary, source, arch, read_function_table(r, arg_names, version))
 
     @classmethod
     def describe_payload(cls, data: bytes | memoryview) -> dict[str, Any]:
@@ -491,7 +572,8 @@ class GPUModule(Module):
             out["binary_bytes"] = len(p.data)
         out["source_bytes"] = len(p.source.encode("utf-8"))
         out["functions"] = [{"name": f.name, "num_args": len(f.args), "launches": len(f.launches),
-                             "temp_bytes": sum(f.temps)} for f in p.functions]
+                             "temp_bytes": sum(f.temps), **({"extents": [x.name for x in f.extents]}
+                                                            if f.extents else {})} for f in p.functions]
         out["kernels"] = list(kernels.values())
         return out
 
@@ -541,12 +623,20 @@ class GPUModule(Module):
 
 
 class _Launcher:
-    """The packed function that checks its arguments and launches one function's kernels."""
+    """The packed function that checks its arguments and launches one function's kernels.
+
+    ``launcher(*args, shapes=None)``: ``shapes`` gives, per argument, the actual shape of a
+    tensor stored at its upper-bound shape (a sequence of ints, or None for the full
+    shape); a function with runtime extents reads them from there. Without ``shapes`` the
+    extents are the upper bounds (the whole storage is valid data).
+    """
 
     def __init__(self, module: GPUModule, func: GPUFunction) -> None:
         self.module = module
         self.func = func
         self.name = func.name
+        #: whether calls should pass ``shapes=`` (the graph executor does, for dynamic graphs)
+        self.takes_shapes = bool(func.extents)
         self._kernels: dict[int, list[Any]] = {}  # device id -> kernel handle per launch
         self._temps: dict[int, list[tuple[int, int]]] = {}  # device id -> (buffer, 0) per temporary
         self._temp_allocs: list[tuple[Device, int]] = []
@@ -587,7 +677,30 @@ class _Launcher:
                               f"{Device(m.device_type, device_id)}")
         return InputError(f"{what} is {a.dtype}{list(a.shape)}, expected {spec.dtype}{list(spec.shape)}")
 
-    def _prepare(self, device_id: int, values: tuple[Any, ...]) -> Any:
+    def _extent_values(self, shapes: Sequence[Any] | None) -> tuple[int, ...]:
+        """Each runtime extent from the first dim that has it, checked against its upper bound
+        and against the other dims that have it."""
+        f, out = self.func, []
+        for x in f.extents:
+            value: int | None = None
+            first = (0, 0)
+            for i, d in x.dims:
+                shp = shapes[i] if shapes is not None and i < len(shapes) else None
+                hi = f.args[i].shape[d]
+                v = hi if shp is None else int(shp[d])
+                what = f"argument {i}" + (f" ({f.args[i].name})" if f.args[i].name else "") + f" dim {d}"
+                if not 0 <= v <= hi:
+                    raise InputError(f"{self.module.type_key} function {self.name!r}: {what} (the dynamic extent "
+                                     f"{x.name}) is {v}, expected 0..{hi}")
+                if value is None:
+                    value, first = v, (i, d)
+                elif v != value:
+                    raise InputError(f"{self.module.type_key} function {self.name!r}: {what} is {v} but argument "
+                                     f"{first[0]} dim {first[1]} is {value}; both are the dynamic extent {x.name}")
+            out.append(value if value is not None else 0)
+        return tuple(out)
+
+    def _prepare(self, device_id: int, values: tuple[Any, ...], extents: tuple[int, ...] = ()) -> Any:
         m, f = self.module, self.func
         kernels = self._kernels.get(device_id)
         if kernels is None:
@@ -603,9 +716,10 @@ class _Launcher:
                     raise KilnError(f"{m.type_key} function {f.name!r}: unsupported scalar dtype {spec.dtype!r}")
                 vals.append(ct(v))
         vals.extend(self._temp_values(device_id) if f.temps else ())
+        vals.extend(SCALAR_CTYPES[x.dtype](v) for x, v in zip(f.extents, extents))
         return m._prepare(device_id, f, kernels, vals)
 
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, *args: Any, shapes: Sequence[Any] | None = None) -> None:
         specs, dt = self.func.args, self.module.device_type
         if len(args) != len(specs):
             names = ", ".join(s.name for s in specs if s.name)
@@ -629,10 +743,11 @@ class _Launcher:
             else:
                 key.append(a)
         device_id = device_id or 0
-        k = (device_id, *key)
+        extents = self._extent_values(shapes) if self.func.extents else ()
+        k = (device_id, *key, *extents)
         last = self._last
         if last is None or last[0] != k:
-            last = self._last = (k, self._prepare(device_id, tuple(key)))
+            last = self._last = (k, self._prepare(device_id, tuple(key), extents))
         self.module._run(device_id, self.func, last[1])
 
     def __repr__(self) -> str:

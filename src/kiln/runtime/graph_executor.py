@@ -103,6 +103,12 @@ class _EntryTensor:
             self.flat.byte_offset = h.byte_offset
 
 
+def _shape_taker(func: Any) -> Any:
+    """The GPU module launcher behind a packed function (it takes ``shapes=``), or None."""
+    inner = getattr(func, "_pyfunc", None) or func
+    return inner if hasattr(inner, "takes_shapes") else None
+
+
 @dataclass
 class _Op:
     """A bound kernel node."""
@@ -174,9 +180,19 @@ class GraphExecutor:
         #: Symbols and actual shapes of a graph with dynamic dimensions (None when static).
         self.dyn: DynamicShapes | None = None
         if g.sym_shape is not None:
-            if any(not d.host_visible for d in self.entry_device):
-                raise DeviceError("graphs with dynamic dimensions run on the CPU only for now")
+            self._check_dynamic_devices()
             self.dyn = DynamicShapes(g, self.tensors, self.arg_eid, self.dim_sources)
+
+    def _check_dynamic_devices(self) -> None:
+        """A dynamic graph's device kernels must take the actual shapes (GPU module functions
+        with runtime extents do); a device function that cannot is refused, naming it."""
+        for op in self.ops:
+            if op.kind in ("nop", "copy") or all(self.entry_device[e].host_visible for e in op.in_eids + op.out_eids):
+                continue
+            if op.kind != "py" or _shape_taker(op.func) is None or op.flatten:
+                raise DeviceError(f"graph node {op.nid} ({op.name!r}), function {op.func_name!r}: a graph with "
+                                  "dynamic dimensions runs device code only through GPU module functions "
+                                  "(CUDA, OpenCL); this node cannot take the actual shapes")
 
     # ---------------------------------------------------------------------------------------
     # storage
@@ -380,6 +396,8 @@ class GraphExecutor:
             else:
                 flush()
                 segments.append(self._make_py_call(op))
+                if names:  # a runtime loop's scan outputs: it writes the iteration count like a kernel
+                    segments.append(functools.partial(self._take_data_dims, names))
         flush()
         self.segments = segments
 
@@ -430,6 +448,20 @@ class GraphExecutor:
 
         if op.kind in ("control", "host"):
             return op.func  # raises its own errors, naming the node (and the branch)
+
+        launcher = _shape_taker(op.func)
+        if launcher is not None and launcher.takes_shapes and self.graph.sym_shape is not None:
+            # the DLTensors' shape arrays hold the actual shapes (rewritten in place when the
+            # symbols change), so one list of them serves every run
+            shapes = [self.tensors[e].shape for e in op.in_eids + op.out_eids]
+
+            def call_dynamic() -> None:
+                try:
+                    launcher(*self._op_args(op), shapes=shapes)
+                except Exception as err:  # noqa: BLE001
+                    self._raise_kernel_error(op, err)
+
+            return call_dynamic
 
         def call() -> None:
             try:
@@ -790,8 +822,13 @@ class GraphModule:
         dyn.bind_input(name, eid, value.shape)
         ex.unbind(eid)
         hv = ex.host_view(eid)
-        assert hv is not None  # dynamic graphs run on the CPU (checked at creation)
-        hv[tuple(slice(0, a) for a in value.shape)] = value
+        box = tuple(slice(0, a) for a in value.shape)
+        if hv is None:  # device memory: stage the padded storage on the host, then copy it over
+            staged = np.zeros(ex.graph.shape[eid], want)
+            staged[box] = value
+            ex.arrays[eid].copyfrom(staged)
+        else:
+            hv[box] = value
         ex.mark_set(name)
 
     def _dynamic_copy(self, eid: int) -> Any:
@@ -799,7 +836,8 @@ class GraphModule:
         ex = self.module
         assert ex.dyn is not None
         hv = ex.host_view(eid)
-        assert hv is not None
+        if hv is None:  # device memory: the padded storage comes over whole
+            hv = ex.arrays[eid].numpy()
         return _ndarray_mod().array(np.ascontiguousarray(hv[tuple(slice(0, a) for a in ex.dyn.shape(eid))]))
 
     def get_input_dims(self) -> dict[str, tuple[int | str, ...]]:

@@ -410,9 +410,8 @@ def _parse_node(nid: int, rn: Any, row_ptr: Sequence[int]) -> GraphNode:
         raise _fail("'__copy' needs exactly 1 input and 1 output", nid, name)
     if func_name == "__if" and (len(inputs) < 1 or num_outputs < 1):
         raise _fail("'__if' needs at least 1 input (the condition) and 1 output", nid, name)
-    if func_name == "__loop" and (len(inputs) < 3 or num_outputs < 1):
-        raise _fail("'__loop' needs at least 3 inputs (trip count, condition, a carried value) and 1 output",
-                    nid, name)
+    if func_name == "__loop" and (len(inputs) < 2 or num_outputs < 1):
+        raise _fail("'__loop' needs at least 2 inputs (trip count, condition) and 1 output", nid, name)
     return GraphNode("tvm_op", name, tuple(inputs), func_name, num_inputs, num_outputs, bool(flatten), dict(attrs))
 
 
@@ -518,14 +517,18 @@ def _alias_roots(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Seq
 
 
 def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
-                   dltype: Sequence[str], max_bytes: int, nesting: int) -> None:
+                   dltype: Sequence[str], max_bytes: int, nesting: int,
+                   sym_shape: Sequence[tuple[int | str, ...]] | None = None,
+                   data_dims: frozenset[str] = frozenset()) -> None:
     """Parse and check the nested graphs of ``__if`` / ``__loop`` nodes (in place in ``nodes``).
 
     Every nested graph is a complete graph JSON, validated recursively (at most
     :data:`MAX_NESTING` levels); its argument nodes are bound to entries of this node by
     position (its declared inputs, then its params through ``<attr>_params``) and its heads
     to the node's outputs, so each pair must agree in shape and dtype. Nested graphs are static
-    and on the CPU.
+    and on the CPU. A loop's scan outputs (``num_scan``) stack one body head per iteration: a
+    scan output is ``[bound, *head shape]`` with the data-dependent iteration count (one symbol
+    shared by all of them) as its leading dim.
     """
     for nid, node in enumerate(nodes):
         keys = SUBGRAPH_ATTRS.get(node.func_name)
@@ -540,12 +543,16 @@ def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Seque
             return shapes[e], dltype[e]
 
         scalars = [(ins[0], "bool", "the condition")]
-        n_carried = 0
+        n_carried = n_scan = 0
         if node.func_name == "__loop":
             n_carried = _int_attr(node.attrs, "num_carried", nid, node.name, None)
-            if not 1 <= n_carried <= len(ins) - 2 or n_carried != len(outs):
-                raise _fail(f"attrs.num_carried = {n_carried} must be the number of outputs ({len(outs)}) and at "
-                            f"most the {len(ins) - 2} inputs after the trip count and condition", nid, node.name)
+            n_scan = _int_attr(node.attrs, "num_scan", nid, node.name, 0)
+            if n_scan < 0 or not 0 <= n_carried <= len(ins) - 2 or n_carried + n_scan != len(outs) or not outs:
+                raise _fail(f"attrs.num_carried = {n_carried} and attrs.num_scan = {n_scan} must add up to the "
+                            f"number of outputs ({len(outs)}), and num_carried be at most the {len(ins) - 2} "
+                            "inputs after the trip count and condition", nid, node.name)
+            if n_scan:
+                _check_scan_outputs(outs[n_carried:], shapes, sym_shape, data_dims, nid, node.name)
             scalars = [(ins[0], "int64", "the trip count"), (ins[1], "bool", "the condition")]
         for e, dt, what in scalars:
             if dltype[e] != dt or math.prod(shapes[e]) != 1:
@@ -587,11 +594,17 @@ def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Seque
                                 f"the node's entry {b} ({list(shapes[b])} {dltype[b]})", nid, node.name)
             heads = [sub.entry_id(n, i) for n, i, _ in sub.heads]
             want_heads: list[Any] = list(outs) if node.func_name == "__if" else [((1,), "bool")] + outs
+            # a scan head is one row of its output: the output's shape without the leading dim
+            if n_scan:
+                want_heads[1 + n_carried:] = [(shapes[e][1:], dltype[e], "row") for e in outs[n_carried:]]
             if len(heads) != len(want_heads):
                 raise _fail(f"attrs.{key} has {len(heads)} outputs, expected {len(want_heads)}", nid, node.name)
             for k, (a, b) in enumerate(zip(heads, want_heads)):
-                ok = (sub.dltype[a] == b[1] and math.prod(sub.shape[a]) == 1) if isinstance(b, tuple) \
-                    else (sub.shape[a], sub.dltype[a]) == sig(b)
+                if isinstance(b, tuple) and len(b) == 3:
+                    ok = (sub.shape[a], sub.dltype[a]) == b[:2]
+                else:
+                    ok = (sub.dltype[a] == b[1] and math.prod(sub.shape[a]) == 1) if isinstance(b, tuple) \
+                        else (sub.shape[a], sub.dltype[a]) == sig(b)
                 if not ok:
                     raise _fail(f"attrs.{key} output {k} ({list(sub.shape[a])} {sub.dltype[a]}) does not match "
                                 f"what the node expects", nid, node.name)
@@ -603,6 +616,29 @@ def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Seque
             subs[key] = sub
         nodes[nid] = GraphNode(node.op, node.name, node.inputs, node.func_name, node.num_inputs,
                                node.num_outputs, node.flatten_data, node.attrs, subs)
+
+
+def _check_scan_outputs(outs: Sequence[int], shapes: Sequence[tuple[int, ...]],
+                        sym_shape: Sequence[tuple[int | str, ...]] | None, data_dims: frozenset[str],
+                        nid: int, name: str) -> None:
+    """A loop's scan outputs: leading dim the one data-dependent iteration count, bounded by
+    the planned extent; the other dims static."""
+    if sym_shape is None:
+        raise _fail("a '__loop' with scan outputs (attrs.num_scan) needs attrs.sym_shape: the leading dim of "
+                    "a scan output is the data-dependent iteration count", nid, name)
+    counts = set()
+    for e in outs:
+        dims = sym_shape[e]
+        if not dims or not isinstance(dims[0], str) or dims[0] not in data_dims \
+                or any(isinstance(d, str) for d in dims[1:]):
+            raise _fail(f"scan output entry {e} has dims {_show(list(dims))}; expected a data-dependent symbol "
+                        "(the iteration count) as its leading dim and static dims after it", nid, name)
+        counts.add(dims[0])
+    if len(counts) != 1:
+        raise _fail(f"the scan outputs' leading dims {sorted(counts)} differ; they all count the same "
+                    "iterations", nid, name)
+    if len({shapes[e][0] for e in outs}) != 1:
+        raise _fail("the scan outputs are planned for different iteration counts (attrs.shape)", nid, name)
 
 
 def _check_copies(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
@@ -880,7 +916,7 @@ def _load(graph: str | bytes | Mapping[str, Any], max_bytes: int, nesting: int) 
             if not _is_int(d) or d <= 0:
                 raise _fail(f"attrs.device_index[{eid}] = {_show(d)} is not a DLPack device type code (>= 1)")
     sym_shape, dim_ranges, data_dims = _parse_dynamic(gattrs, shapes)
-    _parse_control(nodes, row_ptr, shapes, dltype, max_bytes, nesting)
+    _parse_control(nodes, row_ptr, shapes, dltype, max_bytes, nesting, sym_shape, data_dims)
     _check_copies(nodes, row_ptr, shapes, dltype)
     root = _alias_roots(nodes, row_ptr, shapes, dltype, device_index)
     offs = [0] * num_entries if offsets is None else [int(x) for x in offsets]

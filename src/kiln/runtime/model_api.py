@@ -96,8 +96,8 @@ def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[s
     if g.data_dims:
         dims = ", ".join(f"{n} in {lo}..{hi}" for n, (lo, hi) in sorted(g.dim_ranges.items()) if n in g.data_dims)
         return (f"the graph has data-dependent dimensions ({dims}), whose values its kernels decide at run time "
-                "(NonZero, Unique, NonMaxSuppression, ...); this version of the C API runs dynamic graphs whose "
-                "every dimension the inputs' shapes give (use the Python runtime)")
+                "(NonZero, Unique, NonMaxSuppression, a runtime Loop's scan outputs ...); this version of the C API "
+                "runs dynamic graphs whose every dimension the inputs' shapes give (use the Python runtime)")
     if g.device_index is not None:
         codes = sorted({c for c in g.device_index if c != 1})
         if codes:

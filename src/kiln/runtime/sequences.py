@@ -3,9 +3,11 @@
 Kiln compiles a sequence with a structure fixed at compile time: its length and its element
 shapes and dtype. The frontend flattens a sequence graph input into one tensor argument per
 element (``x.0``, ``x.1``, ...) and a sequence output into one head per element; an optional
-holds its value's layout or nothing. The graph JSON's top-level ``kiln_values`` object records
-how to regroup them (``docs/sequences.md``); readers that predate it ignore it and see the
-flattened tensors.
+holds its value's layout or nothing. A sequence whose length is decided at run time (its
+elements of one static shape) is one tensor ``[T, *elem]`` instead, a *stacked* sequence whose
+leading dim is its length. The graph JSON's top-level ``kiln_values`` object records how to
+regroup them (``docs/sequences.md``); readers that predate it ignore it and see the flattened
+tensors.
 
 :class:`ValueLayouts` reads and validates that object; :class:`kiln.GraphModule` uses it so
 that ``set_input(name, [a, b, c])`` / ``set_input(name, None)`` take, and ``get_output(i)``
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from .errors import FormatError, InputError
+from .ndarray import array as nd_array
 
 if TYPE_CHECKING:
     from .graph_executor import GraphModule
@@ -45,7 +48,10 @@ class Layout:
     slot : str or int or None
         For a tensor: its argument name (an input) or head index (an output).
     items : tuple of Layout
-        For a sequence: its elements (tensors).
+        For a sequence: its elements (tensors); empty for a stacked sequence.
+    stacked : Layout or None
+        For a sequence whose length is decided at run time: the one tensor ``[T, *elem]``
+        holding its ``T`` elements (``None`` for a sequence of a length fixed at compile time).
     elem_dtype : str or None
         For a sequence: the element dtype.
     value : Layout or None
@@ -60,14 +66,16 @@ class Layout:
         items: Sequence["Layout"] = (),
         elem_dtype: str | None = None,
         value: "Layout | None" = None,
+        stacked: "Layout | None" = None,
     ) -> None:
         self.kind, self.slot, self.items = kind, slot, tuple(items)
-        self.elem_dtype, self.value = elem_dtype, value
+        self.elem_dtype, self.value, self.stacked = elem_dtype, value, stacked
 
     def describe(self) -> str:
-        """The type as text: ``sequence<float32>[3]``, ``optional<tensor>``, ``optional<none>``."""
+        """The type as text: ``sequence<float32>[3]``, ``sequence<float32>[?]`` (a length decided at
+        run time), ``optional<tensor>``, ``optional<none>``."""
         if self.kind == "sequence":
-            return f"sequence<{self.elem_dtype}>[{len(self.items)}]"
+            return f"sequence<{self.elem_dtype}>[{'?' if self.stacked is not None else len(self.items)}]"
         if self.kind == "optional":
             return f"optional<{'none' if self.value is None else self.value.describe()}>"
         return "tensor"
@@ -75,6 +83,8 @@ class Layout:
     def slots(self) -> list[str | int]:
         """The argument names / head indices this value spans, in order."""
         if self.kind == "sequence":
+            if self.stacked is not None:
+                return self.stacked.slots()
             return [s for it in self.items for s in it.slots()]
         if self.kind == "optional":
             return [] if self.value is None else self.value.slots()
@@ -99,9 +109,16 @@ def _parse(obj: Any, slot_key: str, where: str, depth: int = 0) -> Layout:
         raise FormatError(f"graph JSON {KEY}: {where} is nested too deeply")
     if kind == "sequence":
         items, dt = obj.get("items"), obj.get("elem_dtype")
+        if "stacked" in obj and isinstance(dt, str) and items is None:
+            # a length decided at run time: one tensor whose leading dim is the length
+            data = _parse(obj["stacked"], slot_key, f"{where}.stacked", depth + 1)
+            if data.kind != "tensor":
+                raise FormatError(f"graph JSON {KEY}: {where}.stacked must be a tensor layout")
+            return Layout("sequence", elem_dtype=dt, stacked=data)
         if not isinstance(items, list) or not isinstance(dt, str):
             raise FormatError(
-                f"graph JSON {KEY}: {where} (a sequence) needs 'items' (a list) and 'elem_dtype' (a string)"
+                f"graph JSON {KEY}: {where} (a sequence) needs 'items' (a list) or 'stacked' (a tensor "
+                "layout), and 'elem_dtype' (a string)"
             )
         lays = [_parse(it, slot_key, f"{where}.items[{k}]", depth + 1) for k, it in enumerate(items)]
         if any(x.kind != "tensor" for x in lays):
@@ -223,6 +240,9 @@ def set_structured(gm: "GraphModule", name: str, layout: Layout, value: Any) -> 
         if layout.kind == "tensor":
             _copy(gm, name, layout, value, f"input {name!r}")
             return
+    if layout.stacked is not None:
+        _set_stacked(gm, name, layout, value, what)
+        return
     if isinstance(value, np.ndarray) or not isinstance(value, (list, tuple)):
         raise InputError(
             f"{what}: expected a list of {len(layout.items)} {layout.elem_dtype} array(s), got {type(value).__name__}"
@@ -250,6 +270,31 @@ def set_structured(gm: "GraphModule", name: str, layout: Layout, value: Any) -> 
         _copy(gm, name, item, v, f"input {name!r}")
 
 
+def _set_stacked(gm: "GraphModule", name: str, layout: Layout, value: Any, what: str) -> None:
+    """A list of same-shaped arrays into the one tensor of a runtime-length sequence input."""
+    assert layout.stacked is not None
+    if isinstance(value, np.ndarray) or not isinstance(value, (list, tuple)):
+        raise InputError(f"{what}: expected a list of {layout.elem_dtype} arrays, got {type(value).__name__}")
+    ex = gm.module
+    arg = str(layout.stacked.slot)
+    eid = ex.arg_eid[arg]
+    elem, want_dt = tuple(ex.graph.shape[eid][1:]), ex.graph.dltype[eid]
+    rows = []
+    for k, v in enumerate(value):
+        if v is None:
+            raise InputError(f"{what}: element {k} is None")
+        arr = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+        if tuple(arr.shape) != elem or str(arr.dtype) != want_dt:
+            raise InputError(
+                f"{what}: element {k} has shape {tuple(arr.shape)} dtype {arr.dtype}, the graph was "
+                f"compiled for elements of shape {elem} dtype {want_dt}"
+            )
+        rows.append(arr)
+    # (the length's range is checked like any dynamic input's dim)
+    stacked = np.stack(rows) if rows else np.zeros((0,) + elem, dtype=want_dt)
+    gm._copy_in(arg, eid, stacked, f"input {name!r}")
+
+
 def _copy(gm: "GraphModule", name: str, item: Layout, v: Any, what: str) -> None:
     arg = str(item.slot)
     gm._copy_in(arg, gm.module.arg_eid[arg], v, what)
@@ -265,6 +310,11 @@ def get_structured(gm: "GraphModule", layout: Layout) -> Any:
         arr = ex.arrays[eid]
         return arr.copyto(arr.device)
     if layout.kind == "sequence":
+        if layout.stacked is not None:
+            stacked = get_structured(gm, layout.stacked)
+            rows = stacked.numpy()
+            # (np.array, not ascontiguousarray: a row of a 1-D tensor is a 0-d element)
+            return [nd_array(np.array(r), device=stacked.device) for r in rows]
         return [get_structured(gm, it) for it in layout.items]
     return None if layout.value is None else get_structured(gm, layout.value)
 

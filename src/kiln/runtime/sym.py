@@ -10,7 +10,10 @@ string in a small grammar::
 Expressions are kept in one canonical form — a polynomial with integer coefficients over the
 symbols (``"seq*batch"`` and ``"batch*seq"`` are the same dim) — so two dims are equal exactly
 when their canonical strings are. Floor division by a constant that does not divide every
-coefficient stays an opaque atom (``"(seq+1)//2"``).
+coefficient stays an opaque atom (``"(seq+1)//2"``), except that a constant term alone may
+be off (``(2*h-1)//2`` is ``h-1``) and an atom divided again folds into it (``((h-1)//2)//2``
+is ``(h-1)//4``): the output sizes of strided windows in a row, which must compare equal
+whichever path reached them.
 
 Every symbol has a range ``lo..hi`` (``lo >= 1``) declared with the model; tensors are stored
 at the shape the ranges give as upper bounds (:func:`bounds`). The compiler builds dims with
@@ -73,6 +76,19 @@ def _floordiv(a: _Poly, c: int) -> _Poly:
         return {m: v // c for m, v in a.items()}
     if not any(a.keys() - {()}):  # a constant
         return {(): a.get((), 0) // c} if a.get((), 0) // c else {}
+    r = a.get((), 0)
+    if all(v % c == 0 for m, v in a.items() if m):
+        # floor((c*q + r) / c) == q + floor(r / c) for an integer q: (2*h-1)//2 is h-1
+        out = {m: v // c for m, v in a.items() if m}
+        if r // c:
+            out[()] = r // c
+        return out
+    atoms = [m for m in a if m]
+    if len(atoms) == 1 and a[atoms[0]] == 1 and len(atoms[0]) == 1 and not _NAME.match(atoms[0][0]):
+        # floor((floor(x / k) + r) / c) == floor((x + r*k) / (k*c)): strided windows in a row
+        atom = atoms[0][0]
+        k = int(atom[atom.rindex("//") + 2:])
+        return _floordiv(_add(_poly(atom[1:atom.rindex(")")]), {(): r * k} if r else {}), k * c)
     return {(f"({_render(a)})//{c}",): 1}
 
 

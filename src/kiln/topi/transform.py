@@ -106,6 +106,8 @@ def concatenate(attrs: dict, inputs: list, out_types: list) -> list:
     offs = [0]
     for s in sizes:
         offs.append(offs[-1] + s)
+    if any(t.dyn is not None and t.dyn[axis] is not None for t in xs):
+        return [_concatenate_dynamic(xs, axis, tuple(shape))]
 
     def body(*i: Any) -> Any:
         parts = [(t, o) for t, o, s in zip(xs, offs, sizes) if s > 0]
@@ -117,6 +119,31 @@ def concatenate(attrs: dict, inputs: list, out_types: list) -> list:
         return val
 
     return [te.compute(tuple(shape), body, name="concatenate", tag=TAG_INJECTIVE)]
+
+
+def _concatenate_dynamic(xs: list, axis: int, shape: tuple) -> te.Tensor:
+    """Concatenate along an axis that is dynamic in some input (a runtime-length sequence
+    grown by a Loop): in the padded layout each input's rows start after the *runtime* extents
+    of the inputs before it, so the offsets are runtime values and every read is guarded by
+    ``index < extent`` of its input (past the last one: zeros, the output's padding)."""
+    sizes = [t.dyn[axis] if t.dyn is not None and t.dyn[axis] is not None else te.const(t.shape[axis])
+             for t in xs]
+
+    def body(*i: Any) -> Any:
+        reads = []
+        off: Any = None
+        for t, n in zip(xs, sizes):
+            if int(t.shape[axis]) == 0:
+                continue
+            j = i[axis] if off is None else i[axis] - off
+            reads.append((j < n, t[tuple(i[:axis]) + (j,) + tuple(i[axis + 1:])]))
+            off = n if off is None else off + n
+        val = te.const(0, xs[0].dtype)
+        for cond, read in reversed(reads):
+            val = te.if_then_else(cond, read, val)
+        return val
+
+    return te.compute(shape, body, name="concatenate", tag=TAG_INJECTIVE)
 
 
 @register_compute("split")
@@ -334,7 +361,11 @@ def tile(attrs: dict, inputs: list, out_types: list) -> list:
 
 def pad_compute(x: te.Tensor, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
                 value: Any = 0.0, name: str = "pad", tag: str = TAG_INJECTIVE) -> te.Tensor:
-    """Pad every dim by ``(before, after)``: constant / reflect / edge / wrap."""
+    """Pad every dim by ``(before, after)``: constant / reflect / edge / wrap.
+
+    In constant mode a dynamic axis of ``x`` (``x.dyn``) is padded after its runtime extent:
+    the result holds ``x``'s valid box at offset ``before`` and the fill everywhere else.
+    """
     shape = tuple(d + a + b for d, (a, b) in zip(x.shape, pad_width))
     if mode == "constant":
         if x.dtype == "bool":
@@ -342,15 +373,22 @@ def pad_compute(x: te.Tensor, pad_width: Sequence[tuple[int, int]], mode: str = 
         else:
             fill = te.cast(te.const(float(value), "float64"), x.dtype)
 
+        dyn = x.dyn or (None,) * x.ndim
+
         def body(*i: Any) -> Any:
             conds = []
             src = []
-            for v, d, (a, b) in zip(i, x.shape, pad_width):
+            for v, d, (a, b), rt in zip(i, x.shape, pad_width, dyn):
+                j = v - a if a else v
                 if a:
                     conds.append(v >= a)
-                if b:
+                if rt is not None and (a or b):
+                    # a dynamic axis: the end padding starts at the runtime extent, not at
+                    # the upper bound (the storage past it holds stale data)
+                    conds.append(j < rt)
+                elif b:
                     conds.append(v < a + d)
-                src.append(v - a if a else v)
+                src.append(j)
             if not conds:
                 return load(x, src)
             return te.if_then_else(te.all(*conds), load(x, src), fill)

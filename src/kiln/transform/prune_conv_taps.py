@@ -199,6 +199,11 @@ def _prune(g: Graph, node: Node, ins: list[Value]) -> list[Value] | None:
     w = weight.const_value
     if w is None:
         return None
+    if data.type.sym is not None and any(isinstance(d, str) for d in data.type.dims[2:]):
+        # which taps are live is decided from the upper bounds; the bands would not follow
+        # a runtime size (a smaller map only has fewer live taps, but the rewrite is not
+        # worth a second rule)
+        return None
     a = node.attrs
     _, _, h, wd = data.shape
     _, _, kh, kw = weight.shape

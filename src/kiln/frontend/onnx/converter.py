@@ -861,7 +861,13 @@ def _convert(model_or_path: Any, shape: Mapping[str, Sequence[Dim]] | None,
             dt = dtype if dtype is not None and src in ("float16", "bfloat16", "float32",
                                                         "float64") else None
         runtime_inputs.append((vi, _input_dims(vi, shape.get(vi.name), params_of), dt))
-    _declare_dims(ctx.graph, {vi.name: dims for vi, dims, _ in runtime_inputs},
+    from .ops_sequence import stacked_spec
+
+    # a sequence input of runtime length, shape={"xs": ("n", 3)}: its length symbol is declared
+    # with the tensor inputs' (ops_sequence.container_input adds the input)
+    stacked = {vi.name: (sym.canonical(shape[vi.name][0]),) for vi in real_inputs
+               if vi.name in containers and vi.name not in freeze_map and stacked_spec(shape.get(vi.name))}
+    _declare_dims(ctx.graph, {**{vi.name: dims for vi, dims, _ in runtime_inputs}, **stacked},
                   dict(dim_ranges or {}), params_of)
     runtime = {vi.name: (dims, dt) for vi, dims, dt in runtime_inputs}
     input_layouts: dict[str, Any] = {}

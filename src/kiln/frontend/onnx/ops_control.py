@@ -13,8 +13,12 @@ is computed from the model's inputs becomes an IR ``if`` / ``loop`` node
 (:mod:`kiln.ir.ops.control`) holding each branch / the body as its own IR graph. The outer
 values a subgraph reads become explicit inputs of the node (constants are copied into the
 subgraph instead). The executor runs the subgraph natively (``docs/executor.md``). Shapes
-must be static; a runtime ``Loop`` may not have scan outputs (their length would be decided at
-run time).
+must be static. A runtime ``Loop``'s scan outputs get a data-dependent leading dim (the
+iteration count, a fresh symbol ``loop_<k>`` of range ``0..bound``): the bound is the trip count
+``M`` when that is known at import (and affordable), else :data:`RUNTIME_LOOP_MAX_ITERATIONS`;
+storage is planned for it and the executor reports the actual count (``docs/dynamic_shapes.md``).
+A runtime ``Loop`` that grows a sequence is converted by :mod:`.ops_sequence` with the same
+pieces (:func:`loop_controls`, :func:`emit_loop`): each appended element is one more scan output.
 """
 
 from __future__ import annotations
@@ -25,12 +29,21 @@ import re
 from typing import Any, Callable, Sequence
 
 from ...ir import Graph, Value
-from ...ir.types import TensorType
+from ...ir.types import TensorType, np_dtype
 from ...ir.ops.control import Subgraph
 from .converter import Context, convert_nodes, onnx_dtype, onnx_op, tensor_to_array
 
 #: Unrolling copies the body once per iteration; beyond this many the graph would explode.
 MAX_UNROLL = 1024
+
+#: Bound of the iteration count of a runtime Loop with scan outputs whose trip count ``M`` is
+#: not known at import: its scan outputs are planned for this many rows, and a run that would
+#: go past it fails naming the node and the bound (as Range's ``RANGE_MAX_LENGTH``).
+RUNTIME_LOOP_MAX_ITERATIONS = 4096
+
+#: A runtime Loop whose scan outputs would need more bytes than this at their bound is refused
+#: at import (the storage is planned for the bound, whatever the actual count).
+RUNTIME_LOOP_MAX_SCAN_BYTES = 1 << 30
 
 
 def _body_input_type(vi) -> tuple[tuple[int, ...] | None, str | None]:
@@ -95,8 +108,9 @@ def _loop(ctx: Context, node, ins, attrs):
     if cond_v is not None:
         arr = ctx.try_static(cond_v)
         if arr is None:
-            return _runtime_loop(ctx, node, body, m_v, cond_v, carried, n_scan, "its condition")
+            return _runtime_loop(ctx, node, body, m_v, cond_v, carried, n_scan, "its condition", trip)
         cond = bool(np.asarray(arr).reshape(()))
+    static_trip = trip  # None: no trip count, only the condition bounds the loop
     if trip is None:
         trip = MAX_UNROLL + 1  # bounded by the condition, which must turn false in time
     initial = list(carried)
@@ -107,7 +121,7 @@ def _loop(ctx: Context, node, ins, attrs):
         if it >= MAX_UNROLL:
             # the copies made so far are dead code (pruned at the end of the import)
             return _runtime_loop(ctx, node, body, m_v, cond_v, initial, n_scan,
-                                 f"it runs more than {MAX_UNROLL} iterations")
+                                 f"it runs more than {MAX_UNROLL} iterations", static_trip)
         bindings = {body.input[0].name: ctx.const(np.array(it, dtype=np.int64)),
                     body.input[1].name: ctx.const(np.array(cond))}
         bindings.update({vi.name: v for vi, v in zip(body.input[2:], carried)})
@@ -115,7 +129,7 @@ def _loop(ctx: Context, node, ins, attrs):
         c = ctx.try_static(outs[0])
         if c is None:
             return _runtime_loop(ctx, node, body, m_v, cond_v, initial, n_scan,
-                                 "the body's continue condition")
+                                 "the body's continue condition", static_trip)
         cond = bool(np.asarray(c).reshape(()))
         for k, v in enumerate(outs[1: 1 + n_carried]):
             if v.shape != carried[k].shape or v.dtype != carried[k].dtype:
@@ -291,6 +305,12 @@ def _captures(ctx: Context, graphs, exclude: set[str]) -> list[tuple[str, Value]
     out = []
     for name in seen:
         v = ctx.env[name]
+        if not isinstance(v, Value):
+            # a sequence / optional: subgraphs run at run time take tensors only
+            raise ctx.unsupported(f"a subgraph run at run time (a runtime If / Loop) reads the sequence / "
+                                  f"optional {name!r} of the outer graph; Kiln passes only tensors into such "
+                                  "subgraphs (with the condition / trip count known at compile time, freeze it, "
+                                  "the subgraph is inlined instead)")
         if v in ctx.sym_values:
             v = ctx.materialize(v, "it is read inside a subgraph run at run time")
         if v.type.is_dynamic:
@@ -307,18 +327,20 @@ def _subgraph_name(node, label: str) -> str:
 
 def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[tuple[str, TensorType]],
                       captures: list[tuple[str, Value]],
-                      outputs: Callable[[Graph, list[Any]], list[Value]] | None = None) -> Graph:
+                      outputs: Callable[[Graph, list[Any]], list[Value]] | None = None,
+                      bindings: dict[str, Any] | None = None) -> Graph:
     """``graph`` (an If branch, a Loop body) as an IR graph of its own.
 
     Its inputs: ``leading`` (the ONNX graph's own inputs, ``(name, TensorType)``), then one per
-    non-constant capture; constant captures are copied into it. ``outputs(sub, values)``, when
-    given, turns the ONNX graph's output values into the IR graph's outputs (it runs while the
-    subgraph is the one being built). The outer conversion state is restored afterwards,
-    whatever happens.
+    non-constant capture; constant captures are copied into it. ``bindings`` gives ONNX names
+    import-time objects that are not IR inputs (the appended sequences of a runtime Loop,
+    :mod:`.ops_sequence`). ``outputs(sub, values)``, when given, turns the ONNX graph's output
+    values into the IR graph's outputs (it runs while the subgraph is the one being built). The
+    outer conversion state is restored afterwards, whatever happens.
     """
     sub = Graph(_subgraph_name(node, label))
     sub.copy_dims(ctx.graph)
-    env: dict[str, Value] = {}
+    env: dict[str, Any] = dict(bindings or {})
     for k, (name, t) in enumerate(leading):
         env[name] = sub.add_input(f"x{k}", t.shape, t.dtype)
     for name, v in captures:
@@ -326,6 +348,8 @@ def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[t
             env[name] = sub.add_input(f"x{len(sub.inputs)}", v.shape, v.dtype)
     saved = ctx.graph, ctx.env
     ctx.graph, ctx.env = sub, env
+    depth = getattr(ctx, "subgraph_depth", 0)
+    ctx.subgraph_depth = depth + 1  # type: ignore[attr-defined]  # read by _runtime_loop
     try:
         for name, v in captures:
             if v.is_constant:
@@ -340,6 +364,7 @@ def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[t
         sub.outputs = outs if outputs is None else outputs(sub, outs)
     finally:
         ctx.graph, ctx.env = saved
+        ctx.subgraph_depth = depth  # type: ignore[attr-defined]
         ctx.node = node
     return sub
 
@@ -365,13 +390,35 @@ def _runtime_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Value]:
 
 
 def _runtime_loop(ctx: Context, node, body, m_v: Value | None, cond_v: Value | None,
-                  carried: list[Value], n_scan: int, why: str) -> list[Value]:
-    """A ``loop`` node: the body runs at run time while ``i < M`` and the condition holds."""
-    if n_scan:
-        raise ctx.unsupported(f"the Loop is decided at run time ({why}) and has {n_scan} scan output(s), "
-                              "whose length would only be known at run time; Kiln compiles static shapes")
-    if not carried:
-        raise ctx.unsupported("a runtime Loop without loop-carried values computes nothing Kiln can return")
+                  carried: list[Value], n_scan: int, why: str, trip: int | None = None) -> list[Value]:
+    """A ``loop`` node: the body runs at run time while ``i < M`` and the condition holds.
+
+    ``trip`` is ``M`` when it is known at import (the bound of the scan outputs' length).
+    """
+    check_scan_nesting(ctx, n_scan, why)
+    if not carried and not n_scan:
+        raise ctx.unsupported("a runtime Loop without loop-carried values or scan outputs computes nothing "
+                              "Kiln can return")
+    m_v, cond_v = loop_controls(ctx, m_v, cond_v)
+    leading = [(body.input[0].name, TensorType((), "int64")), (body.input[1].name, TensorType((), "bool"))]
+    leading += [(vi.name, v.type) for vi, v in zip(body.input[2:], carried)]
+    captures = _captures(ctx, [body], {name for name, _ in leading})
+    body_g = _convert_subgraph(ctx, node, body, "body", leading, captures)
+    return emit_loop(ctx, node, body_g, m_v, cond_v, carried, captures, n_scan, why, trip)
+
+
+def check_scan_nesting(ctx: Context, n_scan: int, why: str) -> None:
+    """Refuse a runtime loop with scan outputs inside a runtime If / Loop subgraph."""
+    if n_scan and getattr(ctx, "subgraph_depth", 0):
+        raise ctx.unsupported(f"the Loop is decided at run time ({why}) and has {n_scan} scan output(s), whose "
+                              "length is only known at run time, inside a runtime If / Loop subgraph; nested "
+                              "subgraphs must have static shapes (a runtime Loop with scan outputs is "
+                              "supported in the main graph only)")
+
+
+def loop_controls(ctx: Context, m_v: Value | None, cond_v: Value | None) -> tuple[Value, Value]:
+    """The ``loop`` node's trip count (int64 scalar) and condition (bool scalar); an omitted one
+    never stops the loop."""
     if m_v is None:
         m_v = ctx.const(np.array(np.iinfo(np.int64).max, dtype=np.int64))
     if cond_v is None:
@@ -381,10 +428,13 @@ def _runtime_loop(ctx: Context, node, body, m_v: Value | None, cond_v: Value | N
             raise ctx.bad(f"the {what} must hold one element, it has {v.type.size}")
     m_v = ctx.reshape(ctx.cast(m_v, "int64") if m_v.dtype != "int64" else m_v, ())
     cond_v = ctx.reshape(ctx.cast(cond_v, "bool") if cond_v.dtype != "bool" else cond_v, ())
-    leading = [(body.input[0].name, TensorType((), "int64")), (body.input[1].name, TensorType((), "bool"))]
-    leading += [(vi.name, v.type) for vi, v in zip(body.input[2:], carried)]
-    captures = _captures(ctx, [body], {name for name, _ in leading})
-    body_g = _convert_subgraph(ctx, node, body, "body", leading, captures)
+    return m_v, cond_v
+
+
+def emit_loop(ctx: Context, node, body_g: Graph, m_v: Value, cond_v: Value, carried: list[Value],
+              captures: list[tuple[str, Value]], n_scan: int, why: str, trip: int | None) -> list[Value]:
+    """The ``loop`` node running ``body_g`` (outputs: cond, ``carried``'s next values, ``n_scan``
+    scan values); its outputs."""
     outs = body_g.outputs
     if outs[0].type.size != 1 or outs[0].dtype != "bool":
         raise ctx.bad(f"the body's condition output must be a one-element bool, got {outs[0].type}")
@@ -393,4 +443,38 @@ def _runtime_loop(ctx: Context, node, body, m_v: Value | None, cond_v: Value | N
             raise ctx.unsupported(f"loop-carried value {k} changes type across iterations ({v.type} -> {o.type}); "
                                   "a runtime Loop needs static types")
     ins = [m_v, cond_v] + list(carried) + [v for _, v in captures if not v.is_constant]
-    return ctx.emit("loop", ins, {"body": Subgraph(body_g), "num_carried": len(carried)})
+    attrs: dict[str, Any] = {"body": Subgraph(body_g), "num_carried": len(carried)}
+    if n_scan:
+        attrs.update(_scan_attrs(ctx, node, outs[1 + len(carried):], trip, why))
+    return ctx.emit("loop", ins, attrs)
+
+
+def _scan_attrs(ctx: Context, node, scans: list[Value], trip: int | None, why: str) -> dict[str, Any]:
+    """``num_scan``, ``out_dim``, ``max_iterations`` of a runtime loop with scan outputs.
+
+    The iteration count is a fresh data-dependent symbol: its bound is the trip count known at
+    import, else (or when that one would need more than :data:`RUNTIME_LOOP_MAX_SCAN_BYTES`)
+    :data:`RUNTIME_LOOP_MAX_ITERATIONS`.
+    """
+    for k, v in enumerate(scans):
+        if v.type.is_dynamic:
+            raise ctx.unsupported(f"scan output {k} has dims {v.type.dims}; a runtime Loop stacks static "
+                                  "per-iteration values only")
+    row = sum(v.type.size * np.dtype(np_dtype(v.dtype)).itemsize for v in scans)
+    if trip is not None and max(0, trip) * row <= RUNTIME_LOOP_MAX_SCAN_BYTES:
+        hi = max(0, trip)
+    else:
+        # no M, or one too large to plan for (exporters write INT64_MAX and let the condition
+        # stop the loop): the default bound, checked at run time
+        hi = RUNTIME_LOOP_MAX_ITERATIONS if trip is None else min(trip, RUNTIME_LOOP_MAX_ITERATIONS)
+        if hi * row > RUNTIME_LOOP_MAX_SCAN_BYTES:
+            raise ctx.unsupported(
+                f"the Loop is decided at run time ({why}); its scan outputs would be planned for "
+                f"RUNTIME_LOOP_MAX_ITERATIONS = {RUNTIME_LOOP_MAX_ITERATIONS} iterations of {row} bytes, more than "
+                f"RUNTIME_LOOP_MAX_SCAN_BYTES = {RUNTIME_LOOP_MAX_SCAN_BYTES} (kiln.frontend.onnx.ops_control)")
+    k = 0
+    while f"loop_{k}" in ctx.graph.dim_ranges:
+        k += 1
+    name = f"loop_{k}"
+    ctx.graph.declare_dim(name, 0, hi, data_dependent=True)
+    return {"num_scan": len(scans), "out_dim": name, "max_iterations": hi}

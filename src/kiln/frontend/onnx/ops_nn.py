@@ -18,9 +18,11 @@ def _lift_1d(ctx: Context, x: Value) -> Value:
 
 
 def _window_attrs(ctx: Context, attrs: dict, in_spatial: tuple[int, ...],
-                  kernel: tuple[int, ...], op_name: str, ceil: bool = False
-                  ) -> tuple[tuple, tuple, tuple]:
-    """(strides, dilations, pads in ONNX begin..end order) with auto_pad resolved."""
+                  kernel: tuple[int, ...], op_name: str, ceil: bool = False,
+                  in_dims: tuple | None = None) -> tuple[tuple, tuple, tuple]:
+    """(strides, dilations, pads in ONNX begin..end order) with auto_pad resolved.
+
+    ``in_dims`` are the spatial dims with their symbols (default: all static)."""
     nd = len(kernel)
     strides = tuple(attrs.get("strides", (1,) * nd))
     dil = tuple(attrs.get("dilations", (1,) * nd))
@@ -28,7 +30,11 @@ def _window_attrs(ctx: Context, attrs: dict, in_spatial: tuple[int, ...],
     auto = attrs.get("auto_pad", "NOTSET")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         begin, end = [], []
-        for n, k, s, d in zip(in_spatial, kernel, strides, dil):
+        for a, (n, k, s, d) in enumerate(zip(in_spatial, kernel, strides, dil)):
+            if in_dims is not None and isinstance(in_dims[a], str) and s > 1:
+                # the padding would depend on the runtime size modulo the stride
+                raise ctx.unsupported(f"auto_pad={auto} with stride {s} over symbolic dimension "
+                                      f"{in_dims[a]!r}; give explicit pads")
             out = -(-n // s)
             total = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
             lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
@@ -69,7 +75,7 @@ def _conv(ctx: Context, node, ins, attrs):
     b = ins[2] if len(ins) > 2 else None
     nd = _spatial_rank(ctx, x, "Conv", (1, 2, 3))
     kernel = tuple(attrs.get("kernel_shape", w.shape[2:]))
-    strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, "Conv")
+    strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, "Conv", in_dims=x.type.dims[2:])
     if nd == 3:
         y = conv3d(ctx, x, w, strides, dil, pads, attrs.get("group", 1))
         return y if b is None else ctx.emit1("bias_add", y, b, axis=1)
@@ -97,6 +103,10 @@ def _conv_transpose(ctx: Context, node, ins, attrs):
     auto = attrs.get("auto_pad", "NOTSET")
     out_shape = attrs.get("output_shape")
     in_sp = x.shape[2:]
+    if (out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER")) and x.type.sym is not None \
+            and any(isinstance(d, str) for d in x.type.dims[2:]):
+        raise ctx.unsupported("output_shape / auto_pad=SAME over symbolic spatial dims "
+                              f"{x.type.dims[2:]}; give explicit pads")
     if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         targets = tuple(out_shape)[-nd:] if out_shape is not None else \
             tuple(n * s for n, s in zip(in_sp, strides))
@@ -287,10 +297,13 @@ def _pool(ctx: Context, node, ins, attrs):
     nd = _spatial_rank(ctx, x, node.op_type, (1, 2, 3))
     kernel = tuple(attrs["kernel_shape"])
     want_indices = node.op_type == "MaxPool" and len(node.output) > 1 and bool(node.output[1])
-    strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, node.op_type)
+    strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, node.op_type,
+                                       in_dims=x.type.dims[2:])
     ceil = bool(attrs.get("ceil_mode", 0))
     if want_indices and nd == 3:
         raise ctx.unsupported("the Indices output of a 3-D MaxPool (1-D and 2-D are supported)")
+    if want_indices and any(isinstance(d, str) for d in x.type.dims[2:]):
+        raise ctx.unsupported(f"the Indices output of a MaxPool over symbolic spatial dims {x.type.dims[2:]}")
     if nd == 3:
         kind = "max" if node.op_type == "MaxPool" else "avg"
         return [pool3d(ctx, kind, x, kernel, strides, dil, pads, ceil,
@@ -394,6 +407,10 @@ def _resize(ctx: Context, node, ins, attrs):
     in_shape = x.shape
     scales = [1.0] * nd
     out = list(in_shape)
+    dyn_axes = [a for a in axes if isinstance(x.type.dims[a], str)]
+    if dyn_axes and scales_arr is None:
+        raise ctx.unsupported(f"Resize to fixed sizes of symbolic dims {[x.type.dims[a] for a in dyn_axes]}; "
+                              "give scales")
     if scales_arr is not None:
         if len(scales_arr) != len(axes):
             raise ctx.bad(f"scales {scales_arr.tolist()} do not match axes {axes}")
@@ -438,6 +455,10 @@ def _resize(ctx: Context, node, ins, attrs):
                 raise ctx.bad(f"roi {roi.tolist()} must hold {2 * len(axes)} values (starts "
                               f"then ends of axes {axes})")
             roi = {a: (roi[k], roi[k + len(axes)]) for k, a in enumerate(axes)}
+        if dyn_axes:
+            raise ctx.unsupported(f"Resize (mode={mode!r}, coordinate_transformation_mode={coord!r}) of "
+                                  f"symbolic dims {[x.type.dims[a] for a in dyn_axes]}: only nearest and "
+                                  "(bi)linear resizes of H and W are supported")
         return _resize_separable(ctx, x, tuple(out), scales, mode, coord, nearest_mode, roi,
                                  antialias, attrs)
     if nd == 3:

@@ -15,6 +15,12 @@ every element is an ordinary tensor of the graph, computed by generated kernels.
   count and condition must be known at import).
 * A runtime ``If`` may return sequences / optionals when both branches give the same
   structure: the elements become ordinary outputs of the ``if`` node.
+* A sequence whose *length* is decided at run time is a :class:`StackedSeq`: one ``[T, *elem]``
+  tensor whose leading dim ``T`` is symbolic (the data-dependent iteration count of a runtime
+  ``Loop``). A runtime ``Loop`` whose body only appends one fixed-shape element per iteration
+  to a carried sequence builds one from a scan output of the IR ``loop`` node;
+  ``SequenceLength``, ``SequenceAt``, ``ConcatFromSequence``, ``SequenceInsert`` at the end and
+  ``Identity`` read it, and it can be a graph output. Other ops on it are refused.
 * Graph inputs and outputs of sequence / optional type are flattened into tensor inputs and
   outputs; ``value_layouts`` (attached to the graph, written by ``kiln.build`` into the graph
   JSON as ``kiln_values``) tells :class:`kiln.GraphModule` how to regroup them, so
@@ -32,12 +38,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ...ir import Value
+from ...ir.types import TensorType
 from ...ir.ops.control import Subgraph
+from ...runtime import sym
 from ...runtime.errors import InputError, UnsupportedOpError
 from . import ops_control
 from .converter import _CONVERTERS, Context, onnx_dtype, onnx_op, tensor_to_array
 
-__all__ = ["SeqValue", "OptValue", "is_container", "container_input", "flatten_outputs", "LAYOUTS_ATTR"]
+__all__ = ["SeqValue", "StackedSeq", "OptValue", "is_container", "container_input", "flatten_outputs", "stacked_spec",
+           "LAYOUTS_ATTR"]
 
 #: Attribute of an IR ``Graph`` holding the layouts of its sequence / optional inputs and
 #: outputs (the ``kiln_values`` object of the graph JSON, ``docs/sequences.md``).
@@ -67,6 +76,75 @@ class SeqValue:
         return f"SeqValue({self.elem_dtype}, {[str(v.type) for v in self.items]})"
 
 
+class StackedSeq:
+    """An ONNX sequence whose length is decided at run time, its elements of one static shape.
+
+    Stored as one tensor ``[T, *elem_shape]``; its leading dim ``T`` is the length (symbolic:
+    the data-dependent iteration count of a runtime ``Loop``, plus any static prefix). In the
+    padded layout the valid elements are a compact prefix of the storage.
+
+    Parameters
+    ----------
+    data : Value
+        The stacked elements.
+    elem_dtype : str
+        The element dtype (``data``'s).
+    """
+
+    def __init__(self, data: Value, elem_dtype: str) -> None:
+        self.data = data
+        self.elem_dtype = elem_dtype
+        self.name: str | None = None
+
+    @property
+    def length(self) -> Any:
+        """The length: an int or a symbolic dim expression."""
+        return self.data.type.dims[0]
+
+    @property
+    def elem_shape(self) -> tuple[int, ...]:
+        """The static shape of every element."""
+        return tuple(self.data.shape[1:])
+
+    def __repr__(self) -> str:
+        return f"a sequence<{self.elem_dtype}> of runtime length {self.length}, elements {self.elem_shape}"
+
+
+class _BodySeq:
+    """Inside the body of a runtime ``Loop``: a loop-carried sequence that the loop turns into a
+    scan output (:func:`_runtime_seq_loop`). Only ``SequenceInsert`` at its end, ``SequenceLength``
+    and ``Identity`` may read it.
+
+    Parameters
+    ----------
+    onnx_name : str
+        The body input it stands for.
+    elem_dtype : str
+    prefix : SeqValue
+        The loop's initial value (a static prefix of elements of one shape).
+    iter_name : str
+        The body's iteration-number input (the length is ``len(prefix) + i``).
+    why : str
+        What the loop needs, for error messages.
+    """
+
+    def __init__(self, onnx_name: str, elem_dtype: str, prefix: SeqValue, iter_name: str, why: str) -> None:
+        self.name: str | None = onnx_name
+        self.onnx_name, self.elem_dtype, self.prefix = onnx_name, elem_dtype, prefix
+        self.iter_name, self.why = iter_name, why
+        #: values computed by SequenceLength of this sequence: a SequenceInsert at one of them
+        #: appends
+        self.length_values: set[Value] = set()
+
+
+class _Appended:
+    """Inside a runtime ``Loop`` body: ``seq`` with ``elem`` appended (the body's next value)."""
+
+    def __init__(self, seq: _BodySeq, elem: Value) -> None:
+        self.seq, self.elem = seq, elem
+        self.name: str | None = None
+
+
 class OptValue:
     """An ONNX optional with a structure known at import: a value, or nothing.
 
@@ -76,7 +154,7 @@ class OptValue:
         The held value; ``None`` for an empty optional.
     """
 
-    def __init__(self, value: "Value | SeqValue | None") -> None:
+    def __init__(self, value: "Value | SeqValue | StackedSeq | None") -> None:
         self.value = value
         self.name: str | None = None
 
@@ -84,18 +162,20 @@ class OptValue:
         return f"OptValue({self.value!r})"
 
 
-Item = Value | SeqValue | OptValue | None
+Item = Value | SeqValue | StackedSeq | OptValue | None
 
 
 def is_container(v: Any) -> bool:
     """Whether ``v`` is a sequence or optional value (not an IR tensor value)."""
-    return isinstance(v, (SeqValue, OptValue))
+    return isinstance(v, (SeqValue, StackedSeq, OptValue, _BodySeq, _Appended))
 
 
 def structure(v: Item) -> Any:
     """A hashable description of ``v``'s structure and element types (for comparing branches)."""
     if isinstance(v, SeqValue):
         return ("seq", v.elem_dtype, tuple(x.type for x in v.items))
+    if isinstance(v, StackedSeq):
+        return ("stacked", v.elem_dtype, v.data.type)
     if isinstance(v, OptValue):
         return ("opt", structure(v.value))
     if v is None:
@@ -107,6 +187,8 @@ def flatten(v: Item) -> list[Value]:
     """The tensor values of ``v``, in layout order."""
     if isinstance(v, SeqValue):
         return list(v.items)
+    if isinstance(v, StackedSeq):
+        return [v.data]
     if isinstance(v, OptValue):
         return flatten(v.value)
     return [] if v is None else [v]
@@ -116,14 +198,41 @@ def rebuild(like: Item, flat: list[Value]) -> Item:
     """``like``'s structure filled with ``flat`` (consumed from the front)."""
     if isinstance(like, SeqValue):
         return SeqValue([flat.pop(0) for _ in like.items], like.elem_dtype)
+    if isinstance(like, StackedSeq):
+        return StackedSeq(flat.pop(0), like.elem_dtype)
     if isinstance(like, OptValue):
         return OptValue(rebuild(like.value, flat))  # type: ignore[arg-type]
     return None if like is None else flat.pop(0)
 
 
+#: What a sequence of runtime length supports, for error messages.
+_STACKED_OPS = ("SequenceLength, SequenceAt, ConcatFromSequence, SequenceInsert at the end, Identity "
+                "and returning it as a graph output")
+
+
 def _seq(ctx: Context, v: Any, what: str) -> SeqValue:
+    """``v`` as a sequence of a length known at import (the list operations need one)."""
+    v = _any_seq(ctx, v, what)
+    if isinstance(v, StackedSeq):
+        raise ctx.unsupported(
+            f"input {what!r} is {v!r}; Kiln supports {_STACKED_OPS} on a sequence whose length is "
+            "decided at run time"
+        )
+    return v
+
+
+def _any_seq(ctx: Context, v: Any, what: str) -> SeqValue | StackedSeq:
+    """``v`` as a sequence (of a length known at import or decided at run time)."""
     if isinstance(v, OptValue):
         v = v.value
+    if isinstance(v, (_BodySeq, _Appended)):
+        bs = v if isinstance(v, _BodySeq) else v.seq
+        raise ctx.unsupported(
+            f"{bs.why}; the body reads the loop-carried sequence {bs.onnx_name!r} in another way (input {what!r}"
+            f"{' after the element is appended' if isinstance(v, _Appended) else ''})"
+        )
+    if isinstance(v, StackedSeq):
+        return v
     if not isinstance(v, SeqValue):
         raise ctx.bad(f"input {what!r} must be a sequence, got {'nothing' if v is None else v.type}")
     return v
@@ -173,10 +282,15 @@ def _sequence_construct(ctx: Context, node, ins, attrs):
 
 @onnx_op("SequenceInsert")
 def _sequence_insert(ctx: Context, node, ins, attrs):
-    s = _seq(ctx, ins[0], "input_sequence")
+    pos = ins[2] if len(ins) > 2 else None
+    if isinstance(ins[0], _BodySeq):
+        return [_append_in_body(ctx, ins[0], _tensor(ctx, ins[1], "tensor"), pos)]
+    s = _any_seq(ctx, ins[0], "input_sequence")
     t = _tensor(ctx, ins[1], "tensor")
     if t.dtype != s.elem_dtype:
         raise ctx.bad(f"inserting a {t.dtype} tensor into a sequence of {s.elem_dtype}")
+    if isinstance(s, StackedSeq):
+        return [_append_stacked(ctx, s, t, pos)]
     n = len(s.items)
     _check_len(ctx, n + 1)
     p = _position(ctx, ins[2] if len(ins) > 2 else None, n, n, insert=True)
@@ -195,16 +309,75 @@ def _sequence_erase(ctx: Context, node, ins, attrs):
 
 @onnx_op("SequenceAt")
 def _sequence_at(ctx: Context, node, ins, attrs):
-    s = _seq(ctx, ins[0], "input_sequence")
-    n = len(s.items)
+    s = _any_seq(ctx, ins[0], "input_sequence")
     if ins[1] is None:
         raise ctx.bad("the position input is missing")
+    if isinstance(s, StackedSeq):
+        return [_stacked_at(ctx, s, ins[1])]
+    n = len(s.items)
     return [s.items[_position(ctx, ins[1], n, 0, insert=False)]]
 
 
 @onnx_op("SequenceLength")
 def _sequence_length(ctx: Context, node, ins, attrs):
-    return [ctx.const(np.array(len(_seq(ctx, ins[0], "input_sequence").items), dtype=np.int64))]
+    v = ins[0].value if isinstance(ins[0], OptValue) else ins[0]
+    if isinstance(v, _BodySeq):
+        # inside the body of the loop that appends to it: the prefix, then one element per
+        # finished iteration
+        it = _tensor(ctx, ctx.env[v.iter_name], "iteration number")
+        n = ctx.emit1("add", it, ctx.const(np.array(len(v.prefix.items), dtype=np.int64)))
+        v.length_values.add(n)
+        return [n]
+    s = _any_seq(ctx, v, "input_sequence")
+    if isinstance(s, StackedSeq):
+        return [_stacked_length(ctx, s)]
+    return [ctx.const(np.array(len(s.items), dtype=np.int64))]
+
+
+# ----------------------------------------------------------------------------- runtime-length sequences
+def _stacked_length(ctx: Context, s: StackedSeq) -> Value:
+    """The length of ``s`` as an int64 scalar: a ``dim_value`` reading the runtime extent."""
+    d = s.length
+    if isinstance(d, int):
+        return ctx.const(np.array(d, dtype=np.int64))
+    shape = ctx.shape_value(np.array(d, dtype=object), "int64")
+    return ctx.materialize(shape, "the length of a sequence decided at run time")
+
+
+def _stacked_at(ctx: Context, s: StackedSeq, pos: Value) -> Value:
+    """Element ``pos`` of ``s``: a ``take`` on axis 0, which checks the index against the runtime
+    length (a negative one counts from the end, an out-of-range one is a run-time error)."""
+    pos = _tensor(ctx, pos, "position")
+    if pos.type.size != 1 or pos.dtype not in ("int32", "int64"):
+        raise ctx.bad(f"position must be a one-element int32 / int64 tensor, got {pos.type}")
+    return ctx.emit1("take", s.data, ctx.reshape(pos, ()), axis=0)
+
+
+def _append_stacked(ctx: Context, s: StackedSeq, t: Value, pos: Value | None) -> StackedSeq:
+    """``SequenceInsert`` at the end of a runtime-length sequence: one more row."""
+    if pos is not None:
+        raise ctx.unsupported(
+            "inserting at a position into a sequence whose length is decided at run time; "
+            f"Kiln supports {_STACKED_OPS} on such a sequence (SequenceInsert without a position appends)"
+        )
+    if t.shape != s.elem_shape or ctx.is_dynamic(t):
+        raise ctx.unsupported(
+            f"appending an element of dims {ctx.dims(t)} to a sequence of runtime length whose elements "
+            f"are {s.elem_shape}: Kiln stacks elements of one static shape only"
+        )
+    return StackedSeq(ctx.emit1("concatenate", s.data, ctx.reshape(t, (1,) + t.shape), axis=0), s.elem_dtype)
+
+
+def _append_in_body(ctx: Context, bs: _BodySeq, t: Value, pos: Value | None) -> _Appended:
+    """``SequenceInsert`` into a loop-carried sequence inside a runtime ``Loop`` body."""
+    if t.dtype != bs.elem_dtype:
+        raise ctx.bad(f"inserting a {t.dtype} tensor into a sequence of {bs.elem_dtype}")
+    if pos is not None and pos not in bs.length_values:
+        raise ctx.unsupported(
+            f"{bs.why}; the body inserts into {bs.onnx_name!r} at a position that is not its length "
+            "(SequenceInsert without a position, or at SequenceLength of the sequence, appends)"
+        )
+    return _Appended(bs, t)
 
 
 @onnx_op("SplitToSequence")
@@ -246,10 +419,12 @@ def _split_to_sequence(ctx: Context, node, ins, attrs):
 
 @onnx_op("ConcatFromSequence")
 def _concat_from_sequence(ctx: Context, node, ins, attrs):
-    s = _seq(ctx, ins[0], "input_sequence")
+    s = _any_seq(ctx, ins[0], "input_sequence")
+    new_axis = bool(attrs.get("new_axis", 0))
+    if isinstance(s, StackedSeq):
+        return [_concat_stacked(ctx, s, int(attrs["axis"]), new_axis)]
     if not s.items:
         raise ctx.bad("concatenating an empty sequence")
-    new_axis = bool(attrs.get("new_axis", 0))
     ndim = len(s.items[0].shape)
     axis = ctx.axis(int(attrs["axis"]), ndim + 1 if new_axis else ndim)
     items = list(s.items)
@@ -259,6 +434,30 @@ def _concat_from_sequence(ctx: Context, node, ins, attrs):
         # one element: the result must still be a value of this node (a reshape is one already)
         return [items[0] if new_axis else ctx.emit1("identity", items[0])]
     return [ctx.emit1("concatenate", *items, axis=axis)]
+
+
+def _concat_stacked(ctx: Context, s: StackedSeq, axis: int, new_axis: bool) -> Value:
+    """``ConcatFromSequence`` of a runtime-length sequence, from its ``[T, *elem]`` tensor.
+
+    ``new_axis`` stacks: the tensor itself, the length axis moved to ``axis`` (a transpose).
+    Otherwise the length axis is merged into ``axis``: ``[T, d0, ...] -> [T*d0, ...]``, a free
+    alias in the padded layout (the valid rows are a compact prefix); for ``axis > 0`` the
+    length axis is first moved in front of ``d_axis``.
+    """
+    x, shape = s.data, s.elem_shape
+    ndim = len(shape)
+    if not new_axis and ndim == 0:
+        raise ctx.bad("concatenating scalars needs new_axis=1")
+    a = ctx.axis(axis, ndim + 1 if new_axis else ndim)
+    if a > 0:
+        perm = list(range(1, a + 1)) + [0] + list(range(a + 1, ndim + 1))
+        x = ctx.emit1("transpose", x, axes=perm)
+    if new_axis:
+        # the result must be a value of this node, even when no transpose was needed
+        return x if a > 0 else ctx.emit1("identity", x)
+    dims = list(ctx.dims(x))
+    merged = sym.mul(dims[a], dims[a + 1])
+    return ctx.reshape_dims(x, dims[:a] + [merged] + dims[a + 2 :])
 
 
 @onnx_op("SequenceMap")
@@ -329,8 +528,12 @@ def _identity(ctx: Context, node, ins, attrs):
     v = ins[0] if ins else None
     if isinstance(v, SeqValue):
         return [SeqValue(v.items, v.elem_dtype)]
+    if isinstance(v, StackedSeq):
+        return [StackedSeq(v.data, v.elem_dtype)]
     if isinstance(v, OptValue):
         return [OptValue(v.value)]
+    if isinstance(v, (_BodySeq, _Appended)):
+        return [v]  # (inside a runtime Loop body: the same sequence)
     return _tensor_identity(ctx, node, ins, attrs)
 
 
@@ -423,8 +626,13 @@ def _runtime_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Item]:
 
 @onnx_op("Loop")
 def _loop(ctx: Context, node, ins, attrs):
-    """``Loop`` carrying sequences / optionals: unrolled at import (their structure changes with
-    the iterations); trip count and condition must be known then."""
+    """``Loop`` carrying sequences / optionals.
+
+    With trip count and condition known at import it is unrolled (the sequences' structure
+    changes with the iterations). Otherwise, and past :data:`ops_control.MAX_UNROLL`
+    iterations, the loop runs at run time when its sequences only grow by one element per
+    iteration (:func:`_runtime_seq_loop`).
+    """
     carried = list(ins[2:])
     if not any(is_container(v) for v in carried):
         return _tensor_loop(ctx, node, ins, attrs)
@@ -435,32 +643,36 @@ def _loop(ctx: Context, node, ins, attrs):
     n_scan = len(body.output) - 1 - n_carried
     if n_scan < 0:
         raise ctx.bad(f"body has {len(body.output)} outputs, expected at least 1 + {n_carried}")
+    if any(v is None for v in carried):
+        raise ctx.bad("loop-carried initial values may not be omitted")
     m_v = ins[0] if len(ins) > 0 else None
     cond_v = ins[1] if len(ins) > 1 else None
     if m_v is None and cond_v is None:
         raise ctx.unsupported("a Loop without trip count or condition runs forever")
-    why = (
-        "a Loop carrying a sequence is unrolled at import (the sequence's structure changes "
-        "with the iterations): its {} must be a constant known at compile time (freeze it)"
-    )
-    trip = ops_control.MAX_UNROLL + 1
+
+    def at_run_time(why: str, trip: int | None = None) -> list[Item]:
+        return _runtime_seq_loop(ctx, node, body, m_v, cond_v, list(ins[2:]), n_scan, why, trip)
+
+    static_trip: int | None = None
     if m_v is not None:
         arr = ctx.try_static(m_v)
         if arr is None:
-            raise ctx.unsupported(why.format("trip count"))
-        trip = int(np.asarray(arr).reshape(()))
+            return at_run_time("its trip count M")
+        static_trip = int(np.asarray(arr).reshape(()))
+    trip = ops_control.MAX_UNROLL + 1 if static_trip is None else static_trip
     cond = True
     if cond_v is not None:
         arr = ctx.try_static(cond_v)
         if arr is None:
-            raise ctx.unsupported(why.format("condition"))
+            return at_run_time("its condition", static_trip)
         cond = bool(np.asarray(arr).reshape(()))
     consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
     it = 0
     while cond and it < trip:
         if it >= ops_control.MAX_UNROLL:
-            raise ctx.unsupported(f"a Loop carrying a sequence runs more than {ops_control.MAX_UNROLL} iterations")
+            # the copies made so far are dead code (pruned at the end of the import)
+            return at_run_time(f"it runs more than {ops_control.MAX_UNROLL} iterations", static_trip)
         bindings: dict[str, Any] = {
             body.input[0].name: ctx.const(np.array(it, dtype=np.int64)),
             body.input[1].name: ctx.const(np.array(cond)),
@@ -469,7 +681,7 @@ def _loop(ctx: Context, node, ins, attrs):
         outs = ops_control._run_subgraph(ctx, node, body, consts, bindings)
         c = ctx.try_static(outs[0])
         if c is None:
-            raise ctx.unsupported(why.format("continue condition (computed by the body)"))
+            return at_run_time("the body's continue condition", static_trip)
         cond = bool(np.asarray(c).reshape(()))
         carried = list(outs[1 : 1 + n_carried])
         for k, v in enumerate(outs[1 + n_carried :]):
@@ -482,6 +694,116 @@ def _loop(ctx: Context, node, ins, attrs):
         rows = [ctx.reshape(v, (1,) + v.shape) for v in vals]
         results.append(rows[0] if len(rows) == 1 else ctx.emit1("concatenate", *rows, axis=0))
     return results
+
+
+def _runtime_seq_loop(
+    ctx: Context, node, body, m_v: Value | None, cond_v: Value | None, carried: list[Any], n_scan: int,
+    why: str, trip: int | None,
+) -> list[Item]:
+    """A ``Loop`` carrying sequences, run at run time: each sequence becomes a scan output.
+
+    A loop-carried sequence qualifies when its initial value holds elements of one static shape
+    (often none) and the body appends one element of that shape per iteration (``SequenceInsert``
+    without a position or at ``SequenceLength`` of it), reading it in no other way. The body
+    then converts with the sequence replaced by a :class:`_BodySeq`; the appended element is
+    one more scan output of the IR ``loop`` node (``[T, *elem]``, ``T`` the data-dependent
+    iteration count), and the result is a :class:`StackedSeq` (the initial elements
+    concatenated in front). A sequence the body leaves unchanged keeps its initial value.
+    """
+    need = (
+        f"the Loop node {node.name!r} is decided at run time ({why}) and carries a sequence; Kiln compiles "
+        "that only when "
+        "the body appends one element of a fixed shape per iteration (SequenceInsert at the end) and "
+        "reads the sequence in no other way (otherwise the loop must be unrolled: freeze its trip "
+        "count and condition)"
+    )
+    n_carried = len(carried)
+    seqs: dict[int, _BodySeq] = {}
+    for k, v in enumerate(carried):
+        if not is_container(v):
+            continue
+        name = body.input[2 + k].name
+        if not isinstance(v, SeqValue):
+            raise ctx.unsupported(
+                f"{need}; loop-carried value {k} ({name!r}) starts as {v!r}, not a sequence of a length "
+                "known at compile time"
+            )
+        shapes = {x.type for x in v.items}
+        if len(shapes) > 1 or any(t.is_dynamic for t in shapes):
+            raise ctx.unsupported(
+                f"{need}; the initial elements of loop-carried sequence {k} ({name!r}) have different "
+                f"or symbolic shapes ({sorted(str(t) for t in shapes)}), Kiln stacks elements of one static shape"
+            )
+        seqs[k] = _BodySeq(name, v.elem_dtype, v, body.input[0].name, need)
+    tensors = [v for k, v in enumerate(carried) if k not in seqs]
+    leading = [(body.input[0].name, TensorType((), "int64")), (body.input[1].name, TensorType((), "bool"))]
+    leading += [(body.input[2 + k].name, v.type) for k, v in enumerate(carried) if k not in seqs]
+    captures = ops_control._captures(ctx, [body], {vi.name for vi in body.input})
+    appended: dict[int, Value] = {}
+
+    def outputs(sub: Any, outs: list[Any]) -> list[Value]:
+        ctx.node = node  # (errors and values from here on belong to the Loop node)
+        flat = [_tensor(ctx, outs[0], "the body's condition")]
+        for k, o in enumerate(outs[1 : 1 + n_carried]):
+            bs = seqs.get(k)
+            if bs is None:
+                flat.append(_tensor(ctx, o, f"the body's loop-carried output {k}"))
+            elif isinstance(o, _Appended) and o.seq is bs:
+                elem = o.elem
+                first = bs.prefix.items[0] if bs.prefix.items else None
+                if ctx.is_dynamic(elem) or (first is not None and elem.shape != first.shape):
+                    raise ctx.unsupported(
+                        f"{need}; the body appends elements of dims {ctx.dims(elem)} to loop-carried sequence "
+                        f"{k} ({bs.onnx_name!r})"
+                        + (f", whose initial elements are {first.shape}" if first is not None else "")
+                        + ": Kiln stacks elements of one static shape (ragged sequences need the loop unrolled)"
+                    )
+                appended[k] = elem
+            elif o is not bs:
+                raise ctx.unsupported(
+                    f"{need}; the body's next value of loop-carried sequence {k} ({bs.onnx_name!r}) is not "
+                    f"that sequence with one element appended (got {o!r})"
+                )
+        for j, o in enumerate(outs[1 + n_carried :]):
+            flat.append(_tensor(ctx, o, f"scan output {j}"))
+        seen = set(sub.inputs) | set(flat)
+        for k, elem in appended.items():
+            # an appended element that is a body input or another output still gets rows of its own
+            if elem in seen:
+                appended[k] = elem = ctx.emit1("identity", elem)
+            seen.add(elem)
+            flat.append(elem)
+        return flat
+
+    bindings: dict[str, Any] = {bs.onnx_name: bs for bs in seqs.values()}
+    body_g = ops_control._convert_subgraph(ctx, node, body, "body", leading, captures, outputs, bindings)
+    n_all = n_scan + len(appended)
+    ops_control.check_scan_nesting(ctx, n_all, why)
+    if not tensors and not n_all:
+        raise ctx.unsupported("a runtime Loop that leaves its sequences unchanged and has no other output "
+                              "computes nothing Kiln can return")
+    m, c = ops_control.loop_controls(ctx, m_v, cond_v)
+    outs = ops_control.emit_loop(ctx, node, body_g, m, c, tensors, captures, n_all, why, trip)
+    tensor_outs = list(outs[: len(tensors)])
+    scan_outs = list(outs[len(tensors) : len(tensors) + n_scan])
+    stacks = dict(zip(appended, outs[len(tensors) + n_scan :]))
+    results: list[Item] = []
+    for k, v in enumerate(carried):
+        if k not in seqs:
+            results.append(tensor_outs.pop(0))
+        elif k in stacks:
+            results.append(_with_prefix(ctx, seqs[k].prefix, stacks[k]))
+        else:
+            results.append(v)
+    return results + scan_outs
+
+
+def _with_prefix(ctx: Context, prefix: SeqValue, stack: Value) -> StackedSeq:
+    """The runtime-length sequence ``prefix`` followed by the rows of ``stack``."""
+    if not prefix.items:
+        return StackedSeq(stack, prefix.elem_dtype)
+    rows = [ctx.reshape(x, (1,) + x.shape) for x in prefix.items]
+    return StackedSeq(ctx.emit1("concatenate", *rows, stack, axis=0), prefix.elem_dtype)
 
 
 # ----------------------------------------------------------------------------- graph inputs / outputs
@@ -511,8 +833,9 @@ def container_input(
     vi : onnx.ValueInfoProto
         The graph input (of sequence or optional type).
     spec : any
-        ``shape=`` for it: a list of element dims for a sequence (one entry per element), the
-        dims of an optional tensor; None if not given.
+        ``shape=`` for it: a list of element dims for a sequence (one entry per element), or
+        ``(length symbol, *element dims)`` for a sequence of runtime length; the dims of an
+        optional tensor; None if not given.
     frozen : dict
         ``freeze=``: a value here makes the input a constant (``None``: an absent optional; a
         list of arrays: a constant sequence).
@@ -521,7 +844,7 @@ def container_input(
 
     Returns
     -------
-    value : SeqValue or OptValue
+    value : SeqValue, StackedSeq or OptValue
     layout : dict
         Its ``kiln_values`` input layout (``docs/sequences.md``); ``{}`` for a frozen input
         (but an absent optional frozen to None keeps a layout: it takes ``None``).
@@ -554,12 +877,25 @@ def container_input(
     return _seq_input(ctx, name, payload, spec, dtype, what)
 
 
+def stacked_spec(spec: Any) -> bool:
+    """Whether a ``shape=`` entry declares a sequence of runtime length: ``("n", 3)`` (a length
+    symbol, then the dims every element has), not ``[(2, 3), (4, 3)]`` (one entry per element)."""
+    return (
+        isinstance(spec, Sequence)
+        and not isinstance(spec, (str, bytes))
+        and len(spec) > 0
+        and isinstance(spec[0], str)
+    )
+
+
 def _seq_input(
     ctx: Context, name: str, elem_tp, spec: Any, dtype: str | None, what: str
-) -> tuple[SeqValue, dict[str, Any]]:
+) -> tuple[SeqValue | StackedSeq, dict[str, Any]]:
     kind, tt = _elem_tensor_type(ctx, elem_tp, what + " (its elements)")
     if kind != "tensor":
         raise UnsupportedOpError(f"{what}: a sequence of {kind} values is not supported")
+    if stacked_spec(spec):
+        return _stacked_input(ctx, name, tt, spec, dtype, what)
     if spec is None or isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence):
         raise InputError(
             f"{what} is a sequence: pass shape={{{name!r}: [dims of element 0, dims of "
@@ -576,6 +912,31 @@ def _seq_input(
         items.append(_add_input(ctx, arg, dims, dt, f"{what} element {k}"))
         args.append({"kind": "tensor", "arg": arg})
     return SeqValue(items, dt), {"kind": "sequence", "elem_dtype": dt, "items": args}
+
+
+def _stacked_input(
+    ctx: Context, name: str, tt, spec: Any, dtype: str | None, what: str
+) -> tuple[StackedSeq, dict[str, Any]]:
+    """A sequence input of runtime length: one tensor argument ``<name>.stacked`` of dims
+    ``(n, *elem)`` (``n``'s range from ``dim_ranges=``, declared with the tensor inputs')."""
+    if not tt.elem_type and dtype is None:
+        raise InputError(f"{what}: the model does not declare the element type; pass dtype=")
+    dt = dtype or onnx_dtype(tt.elem_type)
+    elem = tuple(spec[1:])
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in elem):
+        raise InputError(
+            f"shape= for {what} declares a sequence of runtime length {spec[0]!r}: the element dims after it "
+            f"must be non-negative ints (every element has one static shape), got {tuple(elem)!r}"
+        )
+    arg = f"{name}.stacked"
+    dims = (sym.canonical(spec[0]),) + tuple(int(d) for d in elem)
+    ctx.check_size(ctx.upper(dims), what)
+    try:
+        v = ctx.graph.add_input(arg, dims, dt)
+    except InputError as exc:
+        raise InputError(f"{what}: {exc}") from None
+    lay = {"kind": "sequence", "elem_dtype": dt, "stacked": {"kind": "tensor", "arg": arg}}
+    return StackedSeq(v, dt), lay
 
 
 def _add_input(ctx: Context, name: str, dims: Any, dt: str, what: str) -> Value:
@@ -625,7 +986,7 @@ def flatten_outputs(
     Parameters
     ----------
     ctx : Context
-    outputs : sequence of Value, SeqValue or OptValue
+    outputs : sequence of Value, SeqValue, StackedSeq or OptValue
         The model's outputs, in order.
     names : sequence of str
         Their ONNX names.
@@ -633,8 +994,9 @@ def flatten_outputs(
     Returns
     -------
     flat : list of Value
-        The tensor outputs of the IR graph (a sequence's elements in order). An element that
-        is a graph input, a constant or repeated gets an ``identity`` of its own.
+        The tensor outputs of the IR graph (a sequence's elements in order; a runtime-length
+        sequence's one ``[T, *elem]`` tensor). An element that is a graph input, a constant or
+        repeated gets an ``identity`` of its own.
     outputs_layout : list of dict, or None
         One layout per model output (``{"kind": "tensor", "head": i}``, ...); None when every
         output is a tensor (the graph JSON then stays as before).
@@ -652,6 +1014,8 @@ def flatten_outputs(
     def layout(v: Item) -> dict[str, Any]:
         if isinstance(v, SeqValue):
             return {"kind": "sequence", "elem_dtype": v.elem_dtype, "items": [head(x) for x in v.items]}
+        if isinstance(v, StackedSeq):
+            return {"kind": "sequence", "elem_dtype": v.elem_dtype, "stacked": head(v.data)}
         if isinstance(v, OptValue):
             return {"kind": "optional", "value": None if v.value is None else layout(v.value)}
         assert v is not None

@@ -167,6 +167,10 @@ def _lp_pool(ctx: Context, node, ins, attrs):
     kernel = tuple(int(k) for k in attrs["kernel_shape"])
     if len(kernel) != nd or any(k < 1 for k in kernel):
         raise ctx.bad(f"kernel_shape {kernel} must hold {nd} positive sizes")
+    if any(isinstance(d, str) for d in x.type.dims[2:]):
+        # the separable box sums below fold the other axes into rows, which a symbolic
+        # spatial dim cannot take part in (it would move data in the padded layout)
+        raise ctx.unsupported(f"LpPool over symbolic spatial dims {x.type.dims[2:]}")
     strides, dil, pads = _window_attrs(ctx, attrs, x.shape[2:], kernel, "LpPool")
     if any(s < 1 for s in strides) or any(d < 1 for d in dil) or any(q < 0 for q in pads):
         raise ctx.bad(f"strides {strides} and dilations {dil} must be positive and pads {pads} non-negative")

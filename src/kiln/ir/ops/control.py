@@ -10,10 +10,13 @@ This module must not import the compiler (topi, driver) or the runtime executor.
 
 * ``if(cond, *captured)``: ``cond`` a one-element bool tensor; ``then_branch`` and
   ``else_branch`` take the captured values and give the results (equal types in both).
-* ``loop(max_trip, cond, *carried, *captured)``: ONNX ``Loop`` without scan outputs; ``body``
-  takes ``(iteration int64 scalar, cond bool scalar, *carried, *captured)`` and gives
-  ``(cond, *carried)``; runs while ``iteration < max_trip`` and ``cond``. The results are the
-  last carried values.
+* ``loop(max_trip, cond, *carried, *captured)``: ONNX ``Loop``; ``body`` takes
+  ``(iteration int64 scalar, cond bool scalar, *carried, *captured)`` and gives
+  ``(cond, *carried, *scan)``; runs while ``iteration < max_trip`` and ``cond``. The results are
+  the last carried values, then (``num_scan > 0``) each scan value stacked over the iterations:
+  ``[T, *scan_shape]`` where the iteration count ``T`` is the data-dependent symbol ``out_dim``
+  (range ``0..max_iterations``, the bound the storage is planned for; the executor reports the
+  actual count like a data-dependent kernel does, ``docs/dynamic_shapes.md``).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from ...runtime import sym
 from ...runtime.errors import InputError
 from ..op import REQUIRED, OpPattern, register_op
 from ..sym_rules import sym_rule
-from ..types import TensorType
+from ..types import TensorType, np_dtype
 from ._util import Attrs
 
 __all__ = ["Subgraph", "CONTROL_OPS"]
@@ -127,46 +131,75 @@ def _loop_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     _scalar_of(ts[0], ("int64",), "max_trip")
     _scalar_of(ts[1], ("bool",), "cond")
     body = _subgraph(attrs, "body")
-    n = attrs["num_carried"]
+    n, n_scan = attrs["num_carried"], attrs["num_scan"]
     if not 0 <= n <= len(ts) - 2:
         raise InputError(f"num_carried={n} with {len(ts) - 2} inputs after max_trip and cond")
+    if n_scan < 0:
+        raise InputError(f"num_scan must be >= 0, got {n_scan}")
     _check_inputs(body, [TensorType((), "int64"), TensorType((), "bool")] + ts[2:], "body")
     outs = [v.type for v in body.outputs]
-    if len(outs) != 1 + n:
-        raise InputError(f"body gives {len(outs)} outputs, expected cond + {n} carried values")
+    if len(outs) != 1 + n + n_scan:
+        raise InputError(f"body gives {len(outs)} outputs, expected cond + {n} carried + {n_scan} scan values")
     _scalar_of(outs[0], ("bool",), "the body's cond output")
     for k, (o, t) in enumerate(zip(outs[1:], ts[2: 2 + n])):
         if o != t:
             raise InputError(f"carried value {k} is {t} but the body gives {o}")
-    if n == 0:
-        raise InputError("a loop without carried values computes nothing")
-    return list(ts[2: 2 + n])
+    if n + n_scan == 0:
+        raise InputError("a loop without carried values or scan outputs computes nothing")
+    scans: list[TensorType] = []
+    if n_scan:
+        d, hi = _scan_dim(attrs)
+        for k, o in enumerate(outs[1 + n:]):
+            if o.is_dynamic:
+                raise InputError(f"scan value {k} of the body is {o}; a runtime loop stacks static values only")
+            scans.append(TensorType((hi,) + o.shape, o.dtype, (d,) + (None,) * o.ndim))
+    return list(ts[2: 2 + n]) + scans
+
+
+def _scan_dim(attrs: Attrs) -> tuple[str, int]:
+    """The data-dependent symbol counting the iterations, and its upper bound."""
+    d, hi = attrs["out_dim"], attrs["max_iterations"]
+    if not isinstance(d, str) or not sym.is_symbolic(d) or sym.canonical(d) != d:
+        raise InputError(f"out_dim must name a data-dependent symbol (the iteration count), got {d!r}")
+    if not isinstance(hi, int) or hi < 0:
+        raise InputError(f"max_iterations must be a non-negative int (the bound of {d!r}), got {hi!r}")
+    return d, hi
 
 
 def _loop_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     from ..interpreter import evaluate
 
-    body, n = _subgraph(attrs, "body"), attrs["num_carried"]
+    body, n, n_scan = _subgraph(attrs, "body"), attrs["num_carried"], attrs["num_scan"]
     trip = int(np.asarray(xs[0]).reshape(-1)[0])
     cond = bool(np.asarray(xs[1]).reshape(-1)[0])
     carried, captured = list(xs[2: 2 + n]), list(xs[2 + n:])
+    rows: list[list[np.ndarray]] = [[] for _ in range(n_scan)]
     it = 0
     while cond and it < trip:
+        if n_scan and it >= attrs["max_iterations"]:
+            raise InputError(f"the loop runs more than max_iterations={attrs['max_iterations']} iterations, "
+                             f"the bound of its scan outputs' length {attrs['out_dim']!r}")
         outs = evaluate(body, [np.array(it, np.int64), np.array(cond)] + carried + captured)
         cond = bool(np.asarray(outs[0]).reshape(-1)[0])
-        carried = list(outs[1:])
+        carried = list(outs[1: 1 + n])
+        for k, v in enumerate(outs[1 + n:]):
+            rows[k].append(np.asarray(v))
         it += 1
-    return carried
+    scans = [np.stack(r) if r else np.zeros((0,) + v.shape, np_dtype(v.dtype))
+             for r, v in zip(rows, body.outputs[1 + n:])]
+    return carried + scans
 
 
 register_op(
     "loop",
-    attrs={"body": ("any", REQUIRED), "num_carried": ("int", REQUIRED)},
+    attrs={"body": ("any", REQUIRED), "num_carried": ("int", REQUIRED), "num_scan": ("int", 0),
+           "out_dim": ("str", ""), "max_iterations": ("int", 0)},
     type_rel=_loop_rel, pattern=OpPattern.OPAQUE, ref=_loop_ref, num_inputs=(2, None), num_outputs=None,
     inputs=("max_trip", "cond", "*carried", "*captured"),
-    doc="runtime Loop: runs body (iteration, cond, *carried, *captured) -> (cond, *carried) while "
-        "iteration < max_trip and cond; gives the last carried values; run by the executor "
-        "(`__loop`), not a kernel",
+    doc="runtime Loop: runs body (iteration, cond, *carried, *captured) -> (cond, *carried, *scan) while "
+        "iteration < max_trip and cond; gives the last carried values, then each scan value stacked "
+        "over the iterations (leading dim the data-dependent symbol out_dim, at most max_iterations); "
+        "run by the executor (`__loop`), not a kernel",
 )
 
 

@@ -3,6 +3,9 @@
 The compute is the textbook one: a (lazily bounds-checked) padded input stage, which
 schedules inline, and one reduction stage over ``(rc, ry, rx)``.  Half-precision inputs
 accumulate in float32 and are rounded back by a trailing elementwise stage.
+
+A dynamic H or W pads at the input's runtime extent (:func:`spatial_extents`), not at
+its upper bound, so the padding reads zeros rather than a larger earlier image.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from ..registry import register_compute
 from ..transform import pad_compute
 from ..util import TAG_ELEMWISE, acc_dtype
 
-__all__ = ["conv2d_nchw", "conv2d_transpose_nchw", "TAG_CONV2D", "TAG_DEPTHWISE", "TAG_CONV2D_T", "TAG_CONV_PAD"]
+__all__ = ["conv2d_nchw", "conv2d_transpose_nchw", "spatial_dyn_attrs", "spatial_extents", "TAG_CONV2D",
+           "TAG_DEPTHWISE", "TAG_CONV2D_T", "TAG_CONV_PAD"]
 
 TAG_CONV2D = "conv2d_nchw"
 TAG_DEPTHWISE = "depthwise_conv2d_nchw"
@@ -28,6 +32,50 @@ def _finish(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
     # reduction then accumulates into a small local tile attached to this stage's loops
     # (what TVM's cache_write gives), and a fused epilogue simply replaces it.
     return te.compute(out.shape, lambda *i: te.cast(out[i], dtype), name=name, tag=TAG_ELEMWISE)
+
+
+def spatial_dyn_attrs(data: te.Tensor) -> dict:
+    """Compute attrs of a window over ``data`` (N, C, H, W, ...) with dynamic H or W.
+
+    The window reads row ``y * stride + tap * dilation`` of the (padded) input for output
+    rows ``y`` below the runtime output extent, which the symbolic shape rule
+    (:func:`kiln.ir.sym_rules.window_dim`) sizes so that the last window ends inside the
+    runtime input extent plus its padding; padding itself is zero at the runtime extent
+    (:func:`kiln.topi.transform.pad_compute`). A resize clamps its source indices to the
+    runtime extent. So the reads are in bounds by construction, which
+    :mod:`kiln.te.dynamic` cannot prove from the index alone.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        The window's input.
+
+    Returns
+    -------
+    dict
+        ``{"dyn_reads_in_bounds": True}`` when H or W of ``data`` is dynamic, else empty.
+    """
+    dyn = data.dyn
+    if dyn is not None and any(v is not None for v in dyn[2:4]):
+        return {"dyn_reads_in_bounds": True}
+    return {}
+
+
+def spatial_extents(data: te.Tensor) -> tuple[Any, Any]:
+    """Runtime extents of H and W of ``data`` (N, C, H, W, ...).
+
+    Parameters
+    ----------
+    data : te.Tensor
+
+    Returns
+    -------
+    (Var or int, Var or int)
+        Each is the runtime extent's Var where the axis is dynamic, else the static extent.
+    """
+    dyn = data.dyn or (None,) * data.ndim
+    h, w = data.shape[2:4]
+    return (h if dyn[2] is None else dyn[2]), (w if dyn[3] is None else dyn[3])
 
 
 def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (1, 1),
@@ -67,6 +115,7 @@ def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     og = o // groups
+    extra = spatial_dyn_attrs(data)
     if cg == 1 and groups > 1:
         # depthwise (channel multiplier og): no channel reduction
         def dw_body(b: Any, k: Any, y: Any, x: Any) -> Any:
@@ -75,7 +124,7 @@ def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (
                           * te.cast(weight[k, 0, ry, rx], acc), axis=[ry, rx])
 
         out = te.compute((n, o, oh, ow), dw_body, name="depthwise_conv2d", tag=TAG_DEPTHWISE,
-                         attrs={"strides": strides, "dilation": dilation})
+                         attrs={"strides": strides, "dilation": dilation, **extra})
         return _finish(out, data.dtype, "conv2d_out")
     rc = te.reduce_axis((0, cg), name="rc")
 
@@ -85,7 +134,7 @@ def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (
                       * te.cast(weight[k, rc, ry, rx], acc), axis=[rc, ry, rx])
 
     out = te.compute((n, o, oh, ow), body, name="conv2d", tag=TAG_CONV2D,
-                     attrs={"strides": strides, "dilation": dilation, "groups": groups})
+                     attrs={"strides": strides, "dilation": dilation, "groups": groups, **extra})
     return _finish(out, data.dtype, "conv2d_out")
 
 
@@ -115,6 +164,7 @@ def conv2d_transpose_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int
     ow = sw * (w - 1) + opw + (kw - 1) * dw + 1 - pl - pr
     cg = c // groups
     acc = acc_dtype(data.dtype)
+    hr, wr = spatial_extents(data)  # taps past the runtime extent read nothing
     rc = te.reduce_axis((0, cg), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
@@ -124,7 +174,7 @@ def conv2d_transpose_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int
         tx = x + pl - rx * dw
         iy = te.floordiv(ty, sh) if sh > 1 else ty
         ix = te.floordiv(tx, sw) if sw > 1 else tx
-        conds = [ty >= 0, tx >= 0, iy < h, ix < w]
+        conds = [ty >= 0, tx >= 0, iy < hr, ix < wr]
         if sh > 1:
             conds.append(te.equal(te.floormod(ty, sh), 0))
         if sw > 1:

@@ -23,7 +23,7 @@ from ...ir.ops.layout import parse_layout
 from ..registry import register_compute
 from ..transform import pad_compute
 from ..util import TAG_ELEMWISE, TAG_INJECTIVE, acc_dtype
-from .conv2d import TAG_CONV_PAD
+from .conv2d import TAG_CONV_PAD, spatial_dyn_attrs, spatial_extents
 
 __all__ = ["conv2d_nchwc", "layout_transform", "max_pool2d_nchwc", "TAG_CONV2D_NCHWC", "TAG_DEPTHWISE_NCHWC",
            "TAG_POOL_NCHWC"]
@@ -31,6 +31,18 @@ __all__ = ["conv2d_nchwc", "layout_transform", "max_pool2d_nchwc", "TAG_CONV2D_N
 TAG_CONV2D_NCHWC = "conv2d_nchwc"
 TAG_DEPTHWISE_NCHWC = "depthwise_conv2d_nchwc"
 TAG_POOL_NCHWC = "max_pool2d_nchwc"
+
+
+def _inside(i: Any, n: Any) -> list:
+    """The conditions of ``0 <= i < n``: one unsigned comparison when ``n`` is a runtime extent.
+
+    A static ``n`` keeps the two signed comparisons, which the compiler folds per unrolled
+    tap; a runtime one cannot be folded, and halving the tests per tap measured 116 -> 97 us
+    for a 384-channel 14x14 depthwise conv (1 thread, AVX2; static build 70 us).
+    """
+    if isinstance(n, int):
+        return [i >= 0, i < n]
+    return [te.cast(i, "uint32") < te.cast(n, "uint32")]
 
 
 def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (1, 1),
@@ -73,6 +85,8 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = 
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     attrs = {"strides": tuple(strides), "dilation": tuple(dilation), "kernel": (kh, kw)}
+    hr, wr = spatial_extents(data)
+    extra = spatial_dyn_attrs(data)
     if depthwise:
         # Depthwise reads each input element KH*KW times at most, so a materialised padded
         # copy costs as much memory traffic as the convolution itself; bounds checks on the
@@ -84,14 +98,16 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = 
             if inline:
                 iy = y * sh + ry * dh - pt
                 ix = x * sw + rx * dw - pl
-                v = te.if_then_else(te.all(iy >= 0, iy < h, ix >= 0, ix < w), data[b, k, iy, ix, kc],
+                v = te.if_then_else(te.all(*_inside(iy, hr), *_inside(ix, wr)), data[b, k, iy, ix, kc],
                                     te.cast(te.const(0.0, "float64"), data.dtype))
                 return te.sum(te.cast(v, acc) * te.cast(weight[k, 0, ry, rx, 0, kc], acc), axis=[ry, rx])
             return te.sum(te.cast(dp[b, k, y * sh + ry * dh, x * sw + rx * dw, kc], acc)
                           * te.cast(weight[k, 0, ry, rx, 0, kc], acc), axis=[ry, rx])
 
+        # (the inline checks compare in unsigned arithmetic, which kiln.te.dynamic does not
+        # read as a guard: the attrs say the reads are in bounds)
         out = te.compute((n, obk, oh, ow, ob), dw_body, name="depthwise_conv2d_nchwc",
-                         tag=TAG_DEPTHWISE_NCHWC, attrs=attrs)
+                         tag=TAG_DEPTHWISE_NCHWC, attrs={**attrs, **extra})
     else:
         # grouped: output block k belongs to group k // (blocks per group) and reads only that
         # group's icb input blocks (groups == 1: all cb of them)
@@ -105,7 +121,7 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = 
                           * te.cast(weight[k, rco, ry, rx, rci, kc], acc), axis=[rco, ry, rx, rci])
 
         out = te.compute((n, obk, oh, ow, ob), body, name="conv2d_nchwc", tag=TAG_CONV2D_NCHWC,
-                         attrs=attrs)
+                         attrs={**attrs, **extra})
     # A separate elementwise output stage, as for conv2d_nchw: the reduction accumulates into
     # a register tile attached to it, and a fused epilogue simply replaces it.
     return te.compute(out.shape, lambda *i: te.cast(out[i], data.dtype), name="conv2d_nchwc_out",
@@ -186,12 +202,13 @@ def max_pool2d_nchwc(data: te.Tensor, pool_size: tuple[int, int], strides: tuple
     ow = pool_out_size(w, kw, sw, pl, pr, dw, ceil_mode)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
+    hr, wr = spatial_extents(data)
 
     def body(bn: Any, c: Any, y: Any, x: Any, kc: Any) -> Any:
         iy = y * sh - pt + ry * dh
         ix = x * sw - pl + rx * dw
         return te.reduce_max(data[bn, c, iy, ix, kc], axis=[ry, rx],
-                             where=te.all(iy >= 0, iy < h, ix >= 0, ix < w))
+                             where=te.all(iy >= 0, iy < hr, ix >= 0, ix < wr))
 
     return te.compute((n, cb, oh, ow, b), body, name="max_pool2d_nchwc", tag=TAG_POOL_NCHWC)
 

@@ -2,7 +2,8 @@
 
 Padded and ceil_mode-overhang cells are skipped through bounds conditions rather than a
 padded copy, so max pooling never lets padding win and averages divide by a count computed
-in closed form (no second reduction).
+in closed form (no second reduction). With a dynamic H or W the conditions and the count
+use the input's runtime extent, so the stale storage past a smaller image never counts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ... import te
 from ...tir.dtype import is_float, is_int
 from ..registry import register_compute
 from ..util import TAG_ELEMWISE, acc_dtype
+from .conv2d import spatial_extents
 
 __all__ = ["pool2d", "pool_out_size", "TAG_POOL"]
 
@@ -31,13 +33,15 @@ def pool_out_size(n: int, k: int, s: int, p0: int, p1: int, d: int, ceil: bool) 
     return out
 
 
-def _count(o: Any, s: int, p0: int, k: int, d: int, lo: int, hi: int) -> Any:
-    """Number of taps ``t`` in ``[0, k)`` with ``lo <= o*s - p0 + t*d < hi`` (closed form)."""
+def _count(o: Any, s: int, p0: int, k: int, d: int, lo: int, hi: Any) -> Any:
+    """Number of taps ``t`` in ``[0, k)`` with ``lo <= o*s - p0 + t*d < hi`` (closed form;
+    ``hi`` may be an expression of a runtime extent)."""
     start = o * s - p0
     # first tap >= lo: ceil((lo - start) / d), at least 0
     first = te.maximum(te.const(0) - te.floordiv(start - lo, d), te.const(0))
     # last tap < hi: floor((hi - 1 - start) / d), at most k - 1
-    last = te.minimum(te.floordiv(te.const(hi - 1) - start, d), te.const(k - 1))
+    top = te.const(hi - 1) if isinstance(hi, int) else hi - 1
+    last = te.minimum(te.floordiv(top - start, d), te.const(k - 1))
     return te.maximum(last - first + 1, te.const(0))
 
 
@@ -55,11 +59,13 @@ def pool2d(data: te.Tensor, kind: str, pool_size: tuple[int, int], strides: tupl
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     dt = data.dtype
+    # dynamic H / W: the padding (and the ceil_mode overhang) starts at the runtime extent
+    hr, wr = spatial_extents(data)
 
     def window(b: Any, ch: Any, y: Any, x: Any) -> tuple[Any, Any]:
         iy = y * sh - pt + ry * dh
         ix = x * sw - pl + rx * dw
-        return data[b, ch, iy, ix], te.all(iy >= 0, iy < h, ix >= 0, ix < w)
+        return data[b, ch, iy, ix], te.all(iy >= 0, iy < hr, ix >= 0, ix < wr)
 
     if kind == "max":
         def body(b: Any, ch: Any, y: Any, x: Any) -> Any:
@@ -75,8 +81,8 @@ def pool2d(data: te.Tensor, kind: str, pool_size: tuple[int, int], strides: tupl
         return te.sum(te.cast(v, acc), axis=[ry, rx], where=ok)
 
     total = te.compute((n, c, oh, ow), sbody, name="avg_pool2d_sum", tag=TAG_POOL, attrs={"kind": "avg"})
-    lo_h, hi_h = (-pt, h + pb) if count_include_pad else (0, h)
-    lo_w, hi_w = (-pl, w + pr) if count_include_pad else (0, w)
+    lo_h, hi_h = (-pt, hr + pb) if count_include_pad else (0, hr)
+    lo_w, hi_w = (-pl, wr + pr) if count_include_pad else (0, wr)
     fdt = acc if is_float(acc) else "float64"
 
     def fin(b: Any, ch: Any, y: Any, x: Any) -> Any:
