@@ -215,8 +215,41 @@ def test_padded_block_choice() -> None:
 
     avx2 = isa_of("llvm -mcpu=haswell")
     # ShuffleNetV2's 58 / 116 channels pad to 64 / 120 (blocks of 8); padding more than one
-    # channel in eight (20 -> 24), a block that divides (24) or too few channels (3) do not pad
+    # channel in eight (20 -> 24: blocks of 10 are 8 + 2 lanes, 4 vector ops against 3 once
+    # padded, too little gain), a block that divides (24) or too few channels (3) do not pad
     assert [_padded_block(c, avx2) for c in (58, 116, 20, 24, 3, 15)] == [8, 8, None, None, None, None]
+    # up to one channel in four when it saves a third of the vector operations: 21 = 3 blocks
+    # of 7 (4 + 2 + 1 lanes: 9 ops) -> 24 (3 ops); 42 = 3 x 14 (8 + 4 + 2: 9 ops) -> 48 (6 ops);
+    # 18 would pad by a third
+    assert [_padded_block(c, avx2) for c in (21, 42, 18)] == [8, 8, None]
+
+
+def test_21_class_head_pads_to_24_and_computes_the_same() -> None:
+    """A segmentation head (32 -> 21 channels, then a bilinear upsample that must not see the
+    padding lanes) runs blocked by 8 with 3 zero lanes."""
+    rng = np.random.default_rng(3)
+    g = Graph()
+    x = g.add_input("x", (1, 32, 7, 7))
+    p = {"w": _rand(rng, 21, 32, 1, 1), "b": _rand(rng, 21)}
+    ins = {k: g.add_input(k, v.shape) for k, v in p.items()}
+    y = g.add("bias_add", g.add("conv2d", x, ins["w"]), ins["b"])
+    g.outputs = [g.add("resize2d", y, size=(28, 28), scales=(4.0, 4.0), method="linear")]
+    opt = optimize(g, params=p)
+    (conv,) = [n for n in opt.nodes if n.op == "conv2d_nchwc"]
+    assert conv.outputs[0].shape[1:] == (3, 7, 7, 8)
+    xv = _rand(rng, 1, 32, 7, 7, scale=1.0)
+    (want,) = evaluate(g, {"x": xv}, p)
+    (got,) = _run(g, p, {"x": xv})
+    assert got.shape == (1, 21, 28, 28)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_tile_counts_the_vectors_a_block_is_cut_into() -> None:
+    from kiln.topi.schedule.x86_conv import max_x_tile
+
+    # 16 ymm: a 7-wide block is 3 registers per pixel (4 + 2 + 1 lanes), not 1
+    assert max_x_tile(7, 8, False, 16) == 4  # 4 * 3 accumulators + 3 weights + 1 broadcast
+    assert max_x_tile(8, 8, False, 16) == 14 and max_x_tile(16, 8, False, 16) == 6
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])

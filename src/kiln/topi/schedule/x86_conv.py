@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from ... import te
 from ...target import ISA
+from ...tir.vectorize import chunk_lanes
 from ..knobs import current_config, workload_key
 from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
 from ..nn.conv2d_nchwc import TAG_CONV2D_NCHWC, TAG_DEPTHWISE_NCHWC, TAG_POOL_NCHWC
@@ -64,13 +65,15 @@ def pick_x_tile(ow: int, max_tile: int, min_tile: int = 4) -> int:
 def max_x_tile(ob: int, lanes: int, depthwise: bool, registers: int = 16) -> int:
     """Most output pixels ``xt`` whose tile of ``ob`` channels fits ``registers`` vector registers.
 
-    With ``v = ceil(ob / lanes)`` vectors per pixel: ``xt * v + v + 1 <= registers`` (``xt * v``
+    With ``v`` vectors per pixel (the pieces the codegens cut ``ob`` lanes into,
+    :func:`kiln.tir.vectorize.chunk_lanes`: ``ob = 7`` on 8 lanes is 4 + 2 + 1, three
+    registers): ``xt * v + v + 1 <= registers`` (``xt * v``
     accumulators, ``v`` weight vectors, one broadcast input value), at most
     :data:`MAX_X_TILE`; depthwise ``xt * v + v + 2 <= registers`` (its input is a vector load,
     not a broadcast: two registers for the operands in flight), at most
     :data:`MAX_X_TILE_DEPTHWISE`.
     """
-    vecs = max(1, -(-ob // lanes))
+    vecs = max(1, len(chunk_lanes(ob, lanes)))
     if depthwise:
         return max(1, min(MAX_X_TILE_DEPTHWISE, (registers - 2 - vecs) // vecs))
     return max(1, min(MAX_X_TILE, (registers - 1 - vecs) // vecs))
