@@ -24,7 +24,9 @@ from kiln.topi.knobs import KNOB_SPACES, current_kernel_target, kernel_target, k
 from kiln.topi.nn.dense import (DENSE_PACK_BN, TAG_DENSE, TAG_DENSE_GEMV, TAG_DENSE_PACK, dense, dense_panel_width,
                                 gemv_lanes, matmul)
 from kiln.topi.schedule.generic import VEC, vector_elements
+from kiln.topi.nn.conv2d_nchwc import conv2d_nchwc
 from kiln.topi.schedule.x86 import gemm_register_tile, schedule_isa
+from kiln.topi.schedule.x86_conv import schedule_conv2d_nchwc
 from kiln.transform.alter_layout import AlterConvLayout, alter_conv_layout, choose_in_block, choose_out_block
 from tests.codegen.asm_support import hot_loop
 
@@ -222,9 +224,11 @@ def _blocks(g: Graph) -> list[str]:
                   | {n.attrs["src_layout"] for n in g.nodes if n.op == "layout_transform"})
 
 
-@pytest.mark.parametrize("target,layouts", [(None, ["NCHW", "NCHW16c", "NCHW8c"]),
+# 64 channels at 14x14: AVX2 blocks them by 16 with a 2 x 2 register tile (row_x_tile; a
+# 16-channel row of 14 has no one-row tile), SSE2 by 16 with 2-pixel rows, AVX-512 by 32
+@pytest.mark.parametrize("target,layouts", [(None, ["NCHW", "NCHW16c"]),
                                             (SSE2, ["NCHW", "NCHW16c"]),
-                                            (HASWELL, ["NCHW", "NCHW16c", "NCHW8c"]),
+                                            (HASWELL, ["NCHW", "NCHW16c"]),
                                             (SKX, ["NCHW", "NCHW32c"])])
 def test_layout_pass_blocks_for_its_target(target: str | None, layouts: list[str]) -> None:
     g = _conv_graph()
@@ -239,7 +243,37 @@ def test_build_passes_its_target_to_the_layout_pass() -> None:
     for target, layouts in ((SSE2, ["NCHW", "NCHW16c"]), (SKX, ["NCHW", "NCHW32c"])):
         assert _blocks(optimize(g, target=kiln.target.Target(target))) == layouts, target
     # no target: the schedules' no-target ISA (AVX2), as before
-    assert _blocks(optimize(g)) == ["NCHW", "NCHW16c", "NCHW8c"]
+    assert _blocks(optimize(g)) == ["NCHW", "NCHW16c"]
+
+
+def test_row_tiles_for_rows_without_a_one_row_tile() -> None:
+    """14-wide rows of 16 channels (two ymm per pixel): no divisor of 14 fits 16 registers, so
+    the tile is 2 rows x 2 pixels (8 accumulators, no tail); a 7x7 output has none (7 is
+    prime) and keeps 8-channel blocks; one-row tiles stay where they exist."""
+    from kiln.topi.schedule.x86_conv import row_x_tile
+
+    assert row_x_tile(14, 14, 16, 8) == (2, 2)
+    assert row_x_tile(7, 7, 16, 8) is None and row_x_tile(28, 28, 16, 8) is None
+    assert row_x_tile(14, 14, 8, 8) is None  # one row of 14 is 14 accumulators
+    assert row_x_tile(10, 2, 16, 8) == (5, 1)  # DeepLabV3's pruned ASPP taps: 10 accumulators
+    isa = isa_of(HASWELL)
+    assert choose_out_block(256, 14, isa, out_height=14) == 16
+    assert choose_out_block(256, 14, isa) == 8 and choose_out_block(512, 7, isa, out_height=7) == 8
+    # the schedule: a conv of 14x14 outputs in 16-channel blocks accumulates a 2 x 2 x 16 tile
+    data = te.placeholder((1, 2, 16, 16, 16), name="data")
+    weight = te.placeholder((2, 2, 3, 3, 16, 16), name="weight")
+    out = conv2d_nchwc(data, weight)
+    s = schedule_conv2d_nchwc([out], HASWELL)
+    body = str(tir.lower(s, [data, weight, out], "c").body)
+    assert "allocate([1, 1, 2, 2, 16]" in body, body
+    # and it computes the same: the 14x14 graph, 2 x 2 tiles in 16-channel blocks, against the
+    # reference interpreter
+    g = _conv_graph()
+    xv = np.random.default_rng(1).standard_normal((1, 32, 14, 14)).astype(np.float32)
+    (want,) = kiln.ir.evaluate(g, {"x": xv})
+    gm = kiln.GraphModule(kiln.build(g, target=HASWELL if host_isa().has("avx2") else "llvm")["default"](kiln.cpu()))
+    gm.run(x=xv)
+    np.testing.assert_allclose(gm.get_output(0).numpy(), want, rtol=1e-4, atol=1e-3)
 
 
 # ----------------------------------------------------------------------------- tuning ranges

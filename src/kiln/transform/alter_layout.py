@@ -53,7 +53,7 @@ from ..target import ISA
 from ..tir.vectorize import chunk_lanes
 from ..topi.knobs import current_config, workload_key
 from ..topi.schedule.x86 import schedule_isa
-from ..topi.schedule.x86_conv import max_x_tile
+from ..topi.schedule.x86_conv import max_x_tile, row_x_tile
 from ..ir.ops.layout import convert_layout
 from .pipeline import Pass
 from .simplify import dead_code_elimination
@@ -93,13 +93,15 @@ def _block_sizes(isa: ISA) -> tuple[int, int]:
     return wide, wide // 2
 
 
-def choose_out_block(channels: int, out_width: int, isa: ISA | None = None, depthwise: bool = False) -> int:
+def choose_out_block(channels: int, out_width: int, isa: ISA | None = None, depthwise: bool = False,
+                     out_height: int = 0) -> int:
     """Output-channel block of a blocked convolution (see the module docstring).
 
     The wide block when the whole row fits one register tile (``x86_conv.max_x_tile``), or
     a tile of ``xt`` pixels dividing ``out_width`` fits with at least
-    :data:`_MIN_TILE_ACCUMULATORS` accumulators (``xt · v`` for ``v`` vectors per pixel);
-    else the narrow block; else the largest divisor of ``channels`` up to the wide block.
+    :data:`_MIN_TILE_ACCUMULATORS` accumulators (``xt · v`` for ``v`` vectors per pixel), or
+    a tile of several rows does (``x86_conv.row_x_tile``, given ``out_height``); else the
+    narrow block; else the largest divisor of ``channels`` up to the wide block.
 
     Parameters
     ----------
@@ -111,6 +113,8 @@ def choose_out_block(channels: int, out_width: int, isa: ISA | None = None, dept
         The target's instruction set (default: the schedules' no-target ISA, x86-64-v3).
     depthwise : bool
         A depthwise convolution (its tile keeps one more register for the input vector).
+    out_height : int
+        Output height ``OH`` (0: unknown, one-row tiles only).
 
     Returns
     -------
@@ -124,6 +128,8 @@ def choose_out_block(channels: int, out_width: int, isa: ISA | None = None, dept
     most = max_x_tile(wide, lanes, depthwise, isa.vector_registers)
     least = max(1, -(-_MIN_TILE_ACCUMULATORS // vecs))
     fits = out_width <= most or any(out_width % t == 0 for t in range(least, most + 1))
+    if not fits and out_height and not depthwise:  # a tile of several rows (14x14: 2 x 2)
+        fits = row_x_tile(out_height, out_width, wide, lanes, isa.vector_registers) is not None
     if channels % wide == 0 and fits:
         return wide
     if channels % narrow == 0:
@@ -191,7 +197,7 @@ def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = 
         tuned_ob = 0
     narrow = _block_sizes(isa)[1]
     if g == 1:
-        ob = tuned_ob or choose_out_block(o, ow, isa)
+        ob = tuned_ob or choose_out_block(o, ow, isa, out_height=node.outputs[0].shape[2])
         if not tuned_ob and ob < narrow:
             ob = _padded_block(o, isa) or ob
         if data_block and (data_padded or c % data_block == 0):

@@ -11,6 +11,9 @@ on AVX2, 32 ``zmm`` with AVX-512, 16 ``xmm`` for the SSE2 baseline of plain ``ll
 loops run outside the tile, so the whole ``C·KH·KW`` reduction of a tile happens before the
 fused epilogue (bias, ReLU/clip, residual add) stores it.
 
+When no divisor of the output width gives :data:`MIN_ACCUMULATORS`, the tile spans ``yr``
+rows × ``xt`` pixels instead (:func:`row_x_tile`, e.g. 2 × 2 for 14×14 with ``ob = 16``).
+
 ``xt`` is chosen to *divide* the output width where possible, so no output row has a tail
 (a guarded tail tile runs ~10x slower): on AVX2, with ``ob = 16`` (two vectors, at most 6
 pixels) 56/28/112 get 4; with ``ob = 8`` (up to 14 pixels) 14 and 7 get 14 and 7 — the
@@ -39,7 +42,7 @@ from .generic import PARALLEL_MIN, finalize, prepare, schedule_injective_stage, 
 from .x86 import _find, _keep_root_helpers, _single_output_epilogue, schedule_isa
 
 __all__ = ["schedule_conv2d", "schedule_conv2d_nchwc", "schedule_layout_transform", "schedule_blocked_copy",
-           "schedule_max_pool2d_nchwc", "pick_x_tile", "max_x_tile", "row_tile", "nchwc_workload"]
+           "schedule_max_pool2d_nchwc", "pick_x_tile", "max_x_tile", "row_x_tile", "row_tile", "nchwc_workload"]
 
 #: Most output pixels of one register tile (the pixels are unrolled code): the AVX2 maximum of
 #: the register formula, so a 32-register file gets more pixels only for wide blocks.
@@ -77,6 +80,37 @@ def max_x_tile(ob: int, lanes: int, depthwise: bool, registers: int = 16) -> int
     if depthwise:
         return max(1, min(MAX_X_TILE_DEPTHWISE, (registers - 2 - vecs) // vecs))
     return max(1, min(MAX_X_TILE, (registers - 1 - vecs) // vecs))
+
+
+#: Fewest accumulators of a register tile that keeps both FMA pipes busy: FMA latency (4
+#: cycles on Zen 3) x 2 pipes.  ``row_x_tile`` only goes two-dimensional to reach it.
+MIN_ACCUMULATORS = 8
+
+
+def row_x_tile(oh: int, ow: int, ob: int, lanes: int, registers: int = 16) -> tuple[int, int] | None:
+    """A register tile of ``yr`` rows x ``xt`` pixels, both dividing the output, when one row
+    cannot give :data:`MIN_ACCUMULATORS` accumulators without a tail; else None.
+
+    The case it exists for: 14x14 outputs with 16-channel blocks. One row of 14 has no divisor
+    that fits 16 ymm registers with two vectors per pixel (7 pixels need 17), so the layout used
+    8-channel blocks and 14-pixel rows: one broadcast per FMA, which caps a micro-kernel at 90
+    GFLOP/s on Zen 3 where one broadcast per two FMAs reaches the 103 GFLOP/s FMA peak
+    (``bench/RESULTS.md``). A 2 x 2 tile of 16 channels is 8 accumulators, one broadcast per two
+    FMAs and no tail: ResNet-50's 14x14 convs went from 70-81 to 80-92 GFLOP/s.
+    Not for depthwise tiles (no broadcast).
+    """
+    most = max_x_tile(ob, lanes, False, registers)
+    vecs = max(1, len(chunk_lanes(ob, lanes)))
+    if any(ow % t == 0 and t * vecs >= MIN_ACCUMULATORS for t in range(1, min(ow, most) + 1)):
+        return None
+    best: tuple[int, int] | None = None
+    for yr in range(2, oh + 1):
+        for xt in range(1, ow + 1):
+            if oh % yr or ow % xt or yr * xt > most or yr * xt * vecs < MIN_ACCUMULATORS:
+                continue
+            if best is None or (yr * xt, xt) > (best[0] * best[1], best[1]):
+                best = (yr, xt)
+    return best
 
 
 #: Bytes of one core's L2 that a kernel's re-used operand may occupy when the ISA model is not
@@ -136,7 +170,9 @@ def _tile_nchwc(out: te.Stage, anchor: te.Stage, isa: ISA) -> None:
     ob, ow = kc.dom_extent, x.dom_extent
     # knobs: xt 0 / order "auto" are the hand-written rules below (the defaults)
     cfg = current_config("conv2d_nchwc", nchwc_workload(anchor), {"xt": 0, "order": "auto"})
-    xt = int(cfg["xt"]) or pick_x_tile(ow, max_x_tile(ob, lanes, depthwise, registers))
+    # rows of the register tile: 1, or a row_x_tile when one row cannot fill the FMA pipes
+    rows = None if depthwise or int(cfg["xt"]) else row_x_tile(y.dom_extent, ow, ob, lanes, registers)
+    yr, xt = rows or (1, int(cfg["xt"]) or pick_x_tile(ow, max_x_tile(ob, lanes, depthwise, registers)))
     xt = max(1, min(xt, ow))
     xo, xi = out.split(x, factor=xt)
     order = cfg["order"]
@@ -148,8 +184,12 @@ def _tile_nchwc(out: te.Stage, anchor: te.Stage, isa: ISA) -> None:
         yt = row_tile(anchor, isa.l2_bytes // 2)
     inner = [xi, kc]
     if yt:
-        yo, yi = out.split(y, factor=yt)
-        out.reorder(n, yo, k, yi, xo, *inner)
+        yo, y = out.split(y, factor=yt)
+    if yr > 1:
+        y, yri = out.split(y, factor=yr)
+        inner = [yri, xi, kc]
+    if yt:
+        out.reorder(n, yo, k, y, xo, *inner)
         outer = out.fuse(n, yo, k)
     else:
         out.reorder(n, k, y, xo, *inner)
@@ -158,11 +198,17 @@ def _tile_nchwc(out: te.Stage, anchor: te.Stage, isa: ISA) -> None:
     if work >= PARALLEL_MIN and n.dom_extent * k.dom_extent * y.dom_extent > 1:
         out.parallel(outer)
     out.unroll(xi)
+    if yr > 1:
+        out.unroll(yri)
     out.vectorize(kc)
     anchor.compute_at(out, xo)
     cn, ck, cy, cx, ckc = anchor.op.axis
     red = list(anchor.op.reduce_axis)
-    anchor.reorder(cn, ck, cy, *red, cx, ckc)
+    if yr > 1:
+        anchor.reorder(cn, ck, *red, cy, cx, ckc)
+        anchor.unroll(cy)
+    else:
+        anchor.reorder(cn, ck, cy, *red, cx, ckc)
     anchor.unroll(cx)
     anchor.vectorize(ckc)
 
