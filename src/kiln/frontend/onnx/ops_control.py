@@ -4,9 +4,9 @@ Two paths. **Known at import** (the fast path): a ``Loop`` whose iteration count
 the model is imported (a constant, or an input frozen by the caller / the ONNX backend) becomes
 one copy of its body per iteration, with the loop-carried values threaded through and the scan
 outputs concatenated; when every input of the loop is constant the copies fold away at import
-(as in the function body of ``Range``). A ``Scan`` always has a static length (the scan axis of
-its inputs), so it is unrolled the same way. An ``If`` whose condition is known at import is
-replaced by the chosen branch.
+(as in the function body of ``Range``). A ``Scan`` whose length (the scan axis of its inputs) is
+static and at most :data:`MAX_UNROLL` is unrolled the same way. An ``If`` whose condition is
+known at import is replaced by the chosen branch.
 
 **Decided at run time**: an ``If`` whose condition, or a ``Loop`` whose trip count or condition,
 is computed from the model's inputs becomes an IR ``if`` / ``loop`` node
@@ -19,6 +19,7 @@ iteration count, a fresh symbol ``loop_<k>`` of range ``0..bound``): the bound i
 storage is planned for it and the executor reports the actual count (``docs/dynamic_shapes.md``).
 A runtime ``Loop`` that grows a sequence is converted by :mod:`.ops_sequence` with the same
 pieces (:func:`loop_controls`, :func:`emit_loop`): each appended element is one more scan output.
+A longer ``Scan``, or one over a symbolic axis, becomes such a loop too (:func:`_scan_runtime`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from typing import Any, Callable, Sequence
 from ...ir import Graph, Value
 from ...ir.types import TensorType, np_dtype
 from ...ir.ops.control import Subgraph
+from ...runtime import sym
+from ...runtime.sym import Dim
 from .converter import Context, convert_nodes, onnx_dtype, onnx_op, tensor_to_array
 
 #: Unrolling copies the body once per iteration; beyond this many the graph would explode.
@@ -184,13 +187,14 @@ def _if(ctx: Context, node, ins, attrs):
 
 @onnx_op("Scan")
 def _scan(ctx: Context, node, ins, attrs):
-    """``Scan``, unrolled: its length is the scan axis of its inputs, static in Kiln.
+    """``Scan``: unrolled when its length (the scan axis of its inputs) is static and at most
+    :data:`MAX_UNROLL`, else a runtime loop (:func:`_scan_runtime`).
 
-    Each iteration takes slice ``t`` of every scan input (``take`` along its axis, reversed for
-    direction 1), runs one copy of the body with the state values threaded through, and the
-    per-iteration scan outputs are stacked along their axes (prepended for direction 1). Opset 8's
-    batched form (axis 0 is the batch, then the sequence) is unrolled per batch entry too; its
-    ``sequence_lens`` must be absent or the full length.
+    Unrolled, each iteration takes slice ``t`` of every scan input (``take`` along its axis,
+    reversed for direction 1), runs one copy of the body with the state values threaded through,
+    and the per-iteration scan outputs are stacked along their axes (prepended for direction 1).
+    Opset 8's batched form (axis 0 is the batch, then the sequence) is converted per batch entry;
+    its ``sequence_lens`` must be absent or the full (static) length.
     """
     body = attrs["body"].g
     m = int(attrs["num_scan_inputs"])
@@ -214,38 +218,52 @@ def _scan(ctx: Context, node, ins, attrs):
         if len(in_axes) != m or len(in_dirs) != m or len(out_axes) != k or len(out_dirs) != k:
             raise ctx.bad("scan_input_axes/directions and scan_output_axes/directions need one entry "
                           "per scan input / output")
-        return _scan_unrolled(ctx, node, body, list(ins[:n]), list(ins[n:]), in_axes, in_dirs, out_axes, out_dirs)
-    # opset 8: [batch, ...] states, [batch, seq, ...] scan inputs; one unrolled scan per batch entry
+        return _scan_any(ctx, node, body, list(ins[:n]), list(ins[n:]), in_axes, in_dirs, out_axes, out_dirs)
+    # opset 8: [batch, ...] states, [batch, seq, ...] scan inputs; one scan per batch entry
     dirs = list(attrs.get("directions", [0] * m))
     batch = {v.shape[0] for v in ins if len(v.shape) > 0}
     if len(batch) != 1 or any(len(v.shape) < 1 for v in ins) or any(len(v.shape) < 2 for v in ins[n:]):
         raise ctx.bad("opset-8 Scan inputs need a common batch axis 0 (and a sequence axis 1 for scan inputs)")
     nb = batch.pop()
+    sym_batch = [v.type.dims[0] for v in ins if isinstance(v.type.dims[0], str)]
+    if sym_batch:
+        raise ctx.unsupported(f"opset-8 Scan over a symbolic batch axis {sym_batch[0]}: Kiln converts one scan "
+                              "per batch entry, so the batch must be static")
     if seq_lens is not None:
         lens = ctx.try_static(seq_lens)
-        full = {v.shape[1] for v in ins[n:]}
+        full = {v.type.dims[1] for v in ins[n:]}
+        if any(isinstance(d, str) for d in full):
+            raise ctx.unsupported(f"sequence_lens with a symbolic sequence axis {sorted(map(str, full))}: Kiln "
+                                  "cannot check at import that it is the full length; omit it")
         if lens is None or len(full) != 1 or not bool(np.all(np.asarray(lens) == full.pop())):
             raise ctx.unsupported("sequence_lens shorter than the scan inputs (ragged batches) are not converted")
     per_batch = []
     for b in range(nb):
         idx = ctx.const(np.array(b, dtype=np.int64))
         sl = [ctx.emit1("take", v, idx, axis=0) for v in ins]
-        per_batch.append(_scan_unrolled(ctx, node, body, sl[:n], sl[n:], [0] * m, dirs, [0] * k, [0] * k))
+        per_batch.append(_scan_any(ctx, node, body, sl[:n], sl[n:], [0] * m, dirs, [0] * k, [0] * k))
     return [ctx.emit1("concatenate", *[ctx.reshape(r[j], (1,) + r[j].shape) for r in per_batch], axis=0)
             if nb > 1 else ctx.reshape(per_batch[0][j], (1,) + per_batch[0][j].shape)
             for j in range(n + k)]
 
 
+def _scan_any(ctx: Context, node, body, states: list[Value], scan_ins: list[Value], in_axes: list[int],
+              in_dirs: list[int], out_axes: list[int], out_dirs: list[int]) -> list[Value]:
+    """One Scan over ``scan_ins``: unrolled when its length is static and at most
+    :data:`MAX_UNROLL` (the faster code), else a runtime loop (:func:`_scan_runtime`)."""
+    lengths = {v.type.dims[a] for v, a in zip(scan_ins, in_axes)}
+    if len(lengths) != 1:
+        raise ctx.bad(f"scan inputs have different lengths along their scan axes: {sorted(map(str, lengths))}")
+    length = lengths.pop()
+    if isinstance(length, str) or length > MAX_UNROLL:
+        return _scan_runtime(ctx, node, body, states, scan_ins, in_axes, in_dirs, out_axes, out_dirs, length)
+    return _scan_unrolled(ctx, node, body, states, scan_ins, in_axes, in_dirs, out_axes, out_dirs, length)
+
+
 def _scan_unrolled(ctx: Context, node, body, states: list[Value], scan_ins: list[Value], in_axes: list[int],
-                   in_dirs: list[int], out_axes: list[int], out_dirs: list[int]) -> list[Value]:
+                   in_dirs: list[int], out_axes: list[int], out_dirs: list[int], steps: int) -> list[Value]:
     n, k = len(states), len(out_axes)
     ins = states + scan_ins
-    lengths = {v.shape[a] for v, a in zip(scan_ins, in_axes)}
-    if len(lengths) != 1:
-        raise ctx.bad(f"scan inputs have different lengths along their scan axes: {sorted(lengths)}")
-    steps = lengths.pop()
-    if steps > MAX_UNROLL:
-        raise ctx.unsupported(f"Scan runs {steps} iterations, more than the {MAX_UNROLL} Kiln unrolls")
     body_consts = {t.name: ctx.const(tensor_to_array(t)) for t in body.initializer}
     scans: list[list[Value]] = [[] for _ in range(k)]
     for t in range(steps):
@@ -405,6 +423,111 @@ def _runtime_loop(ctx: Context, node, body, m_v: Value | None, cond_v: Value | N
     captures = _captures(ctx, [body], {name for name, _ in leading})
     body_g = _convert_subgraph(ctx, node, body, "body", leading, captures)
     return emit_loop(ctx, node, body_g, m_v, cond_v, carried, captures, n_scan, why, trip)
+
+
+def _scan_runtime(ctx: Context, node, body, states: list[Value], scan_ins: list[Value], in_axes: list[int],
+                  in_dirs: list[int], out_axes: list[int], out_dirs: list[int], length: Dim) -> list[Value]:
+    """A Scan too long to unroll, or over a symbolic axis, as a runtime ``loop`` node.
+
+    The trip count is ``length`` (a symbolic one computed at run time by ``dim_value``); the
+    states are the loop-carried values. A loop body may only read statically shaped outer values,
+    so a scan input is read whole, and row ``i`` is taken inside the body at the iteration number
+    (``length - 1 - i`` for direction 1). Over a symbolic axis the body reads instead a copy of the
+    input at the axis's upper bound whose rows are already in scan order (the rows past the actual
+    length repeat an edge row and are never read). The loop stacks the scan outputs along a fresh
+    data-dependent dim: a ``take`` of its rows ``0 .. length - 1`` (reversed for direction 1) turns
+    them back into a value of dim ``length``, the take checking at run time that the loop wrote that
+    many rows, and a ``transpose`` moves the axis to ``scan_output_axes``.
+    """
+    import onnx
+
+    hp, i64 = onnx.helper, onnx.TensorProto.INT64
+    n, k = len(states), len(out_axes)
+    why = (f"its length {length} is only known at run time" if isinstance(length, str)
+           else f"it runs {length} iterations, more than the {MAX_UNROLL} Kiln unrolls")
+    if k and getattr(ctx, "subgraph_depth", 0):
+        raise ctx.unsupported(f"the Scan is run as a loop at run time ({why}) and has {k} scan output(s) inside a "
+                              "runtime If / Loop subgraph, whose shapes must be static; only a Scan of at most "
+                              f"{MAX_UNROLL} static steps (unrolled) or without scan outputs is supported there")
+    for j, v in enumerate(states):
+        if v.type.is_dynamic:
+            raise ctx.unsupported(f"state {j} has dims {v.type.dims}; a Scan run as a loop at run time ({why}) "
+                                  "needs statically shaped states")
+    for j, (v, a) in enumerate(zip(scan_ins, in_axes)):
+        if any(isinstance(d, str) for i, d in enumerate(v.type.dims) if i != a):
+            raise ctx.unsupported(f"scan input {j} has dims {v.type.dims}; a Scan run as a loop at run time "
+                                  f"({why}) allows a symbolic dim on the scan axis {a} only")
+    if isinstance(length, str):
+        lo, hi = sym.bounds(length, ctx.graph.dim_ranges)
+        if lo < 1:
+            # the body reads a copy of each scan input made by a take, which cannot read a row
+            # of an empty axis
+            raise ctx.unsupported(f"the Scan runs over {length}, which may be 0 (range {lo}..{hi}); a Scan run as "
+                                  "a loop at run time needs a scan length of at least 1")
+        trip = ctx.materialize(ctx.shape_value(np.array(length, dtype=object), "int64"), why)
+        last = ctx.emit1("subtract", trip, ctx.const(np.array(1, np.int64)))
+        # 0 .. length - 1 as an int64 value of dim ``length`` (as Range over a symbolic limit)
+        one = ctx.const(np.ones((1,), np.int64))
+        seq_ramp = ctx.emit1("cumsum", ctx.emit1("broadcast_to", one, shape=(hi,), sym_shape=(length,)),
+                             axis=0, exclusive=True)
+    else:
+        hi = length
+        trip = ctx.const(np.array(length, np.int64))
+        last = ctx.const(np.array(length - 1, np.int64))
+    # ONNX names private to this node: the wrapped body's iteration number, condition, and the
+    # outer values holding the scan inputs (visible to the body through ctx.env while it converts)
+    tag = f"__kiln_scan{getattr(ctx, 'subgraph_depth', 0)}_"  # a Scan nested in this body is one deeper
+    it_name, cond_name = tag + "i", tag + "cond"
+    outer: dict[str, Value] = {}
+    pre: list[Any] = []
+    inits: list[Any] = []
+    for j, (vi, v, a, d) in enumerate(zip(body.input[n:], scan_ins, in_axes, in_dirs)):
+        idx = it_name
+        if isinstance(length, str):
+            ramp = ctx.const(np.arange(hi, dtype=np.int64))
+            rows = ctx.emit1("maximum", ctx.emit1("subtract", last, ramp), ctx.const(np.array(0, np.int64))) \
+                if d else ctx.emit1("minimum", ramp, last)
+            v = ctx.emit1("take", v, rows, axis=a)
+        elif d:
+            idx = f"{tag}row{j}"
+            if not inits:
+                inits.append(hp.make_tensor(tag + "last", i64, [], [length - 1]))
+            pre.append(hp.make_node("Sub", [tag + "last", it_name], [idx], name=node.name))
+        outer[f"{tag}in{j}"] = v
+        pre.append(hp.make_node("Gather", [f"{tag}in{j}", idx], [vi.name], axis=a, name=node.name))
+    wrapped = hp.make_graph(
+        pre + list(body.node) + [hp.make_node("Identity", [cond_name], [tag + "cond_out"], name=node.name)],
+        body.name or "scan_body",
+        [hp.make_tensor_value_info(it_name, i64, []), hp.make_tensor_value_info(cond_name, onnx.TensorProto.BOOL, [])]
+        + list(body.input[:n]),
+        [hp.make_tensor_value_info(tag + "cond_out", onnx.TensorProto.BOOL, [])] + list(body.output),
+        list(body.initializer) + inits)
+    ctx.env.update(outer)
+    try:
+        outs = _runtime_loop(ctx, node, wrapped, trip, None, list(states), k, why, hi)
+    finally:
+        for name in outer:
+            ctx.env.pop(name, None)
+    if k and outs[n].shape[0] < hi:
+        # the loop's storage fell back to a smaller bound: a run would fail past it
+        row = sum(v.type.size // max(1, v.shape[0]) * np.dtype(np_dtype(v.dtype)).itemsize for v in outs[n:])
+        raise ctx.unsupported(f"the Scan is run as a loop at run time ({why}); its scan outputs would need {hi} "
+                              f"rows of {row} bytes, more than RUNTIME_LOOP_MAX_SCAN_BYTES = "
+                              f"{RUNTIME_LOOP_MAX_SCAN_BYTES} (kiln.frontend.onnx.ops_control)")
+    if isinstance(length, str):
+        ramp, back = seq_ramp, ctx.emit1("subtract", last, seq_ramp)
+    else:
+        ramp = ctx.const(np.arange(length, dtype=np.int64))
+        back = ctx.const(np.arange(length - 1, -1, -1, dtype=np.int64))
+    results = list(outs[:n])
+    for j, v in enumerate(outs[n:]):
+        y = ctx.emit1("take", v, back if out_dirs[j] else ramp, axis=0)
+        axis = ctx.axis(out_axes[j], y.type.ndim, "scan_output_axes")
+        if axis:
+            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, y.type.ndim))
+            y = ctx.emit1("transpose", y, axes=perm)
+        results.append(y)
+    return results
 
 
 def check_scan_nesting(ctx: Context, n_scan: int, why: str) -> None:
