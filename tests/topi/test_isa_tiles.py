@@ -246,6 +246,21 @@ def test_build_passes_its_target_to_the_layout_pass() -> None:
     assert _blocks(optimize(g)) == ["NCHW", "NCHW16c"]
 
 
+def test_conv_rows_stay_parallel_when_tiled_for_l2() -> None:
+    """An input larger than half the L2 puts rows outside the channel-block loop (row_tile);
+    the fused (batch, row tile, block) loop is still the parallel one."""
+    from kiln.topi.schedule.x86_conv import row_tile
+
+    data = te.placeholder((1, 16, 56, 56, 16), name="data")  # 3.2 MB
+    weight = te.placeholder((8, 16, 1, 1, 16, 16), name="weight")  # 128 KiB: re-read per row tile
+    out = conv2d_nchwc(data, weight)
+    s = schedule_conv2d_nchwc([out], HASWELL)
+    anchor = next(st for st in s.stages if st.op.name == "conv2d_nchwc" and len(st.op.input_tensors) == 2)
+    assert row_tile(anchor) > 0
+    body = str(tir.lower(s, [data, weight, out], "c").body)
+    assert body.splitlines()[0].endswith("# parallel"), body[:400]
+
+
 def test_row_tiles_for_rows_without_a_one_row_tile() -> None:
     """14-wide rows of 16 channels (two ymm per pixel): no divisor of 14 fits 16 registers, so
     the tile is 2 rows x 2 pixels (8 accumulators, no tail); a 7x7 output has none (7 is
@@ -266,6 +281,7 @@ def test_row_tiles_for_rows_without_a_one_row_tile() -> None:
     s = schedule_conv2d_nchwc([out], HASWELL)
     body = str(tir.lower(s, [data, weight, out], "c").body)
     assert "allocate([1, 1, 2, 2, 16]" in body, body
+    assert "# parallel" in body  # the split rows still leave (batch, block, row pairs) parallel
     # and it computes the same: the 14x14 graph, 2 x 2 tiles in 16-channel blocks, against the
     # reference interpreter
     g = _conv_graph()

@@ -182,6 +182,7 @@ def _tile_nchwc(out: te.Stage, anchor: te.Stage, isa: ISA) -> None:
         yt = row_tile(anchor, isa.l2_bytes // 2) or 1
     else:
         yt = row_tile(anchor, isa.l2_bytes // 2)
+    oh = y.dom_extent  # y is re-bound to split parts below
     inner = [xi, kc]
     if yt:
         yo, y = out.split(y, factor=yt)
@@ -195,7 +196,7 @@ def _tile_nchwc(out: te.Stage, anchor: te.Stage, isa: ISA) -> None:
         out.reorder(n, k, y, xo, *inner)
         outer = out.fuse(n, k, y)
     work = prod(iv.dom_extent for iv in anchor.op.axis) * max(1, prod(iv.dom_extent for iv in anchor.op.reduce_axis))
-    if work >= PARALLEL_MIN and n.dom_extent * k.dom_extent * y.dom_extent > 1:
+    if work >= PARALLEL_MIN and n.dom_extent * k.dom_extent * oh > 1:
         out.parallel(outer)
     out.unroll(xi)
     if yr > 1:
