@@ -51,3 +51,13 @@ get_module = module_builder(CASES, "tr")
 def test_transform(target: str, idx: int) -> None:
     mod, built = get_module(target)
     run_and_check(mod, built[idx])
+
+
+def test_concatenate_of_many_inputs() -> None:
+    """600 inputs (an unrolled 600-step Scan's rows): the selects nest as a balanced tree, so
+    lowering and codegen stay far from Python's recursion limit (a chain of 600 did not)."""
+    from tests.topi.harness import build_cases
+
+    case = Case("concatenate", [((1 + k % 2, 3), F32) for k in range(600)], {"axis": 0})
+    mod, (built,) = build_cases([case], "llvm", "many")
+    run_and_check(mod, built)

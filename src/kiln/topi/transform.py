@@ -96,7 +96,9 @@ def transpose(attrs: dict, inputs: list, out_types: list) -> list:
 
 @register_compute("concatenate")
 def concatenate(attrs: dict, inputs: list, out_types: list) -> list:
-    """Join along ``axis`` with a chain of lazy selects (only the right input is read)."""
+    """Join along ``axis`` with lazy selects (only the right input is read), nested as a
+    balanced tree on the offsets: an unrolled 1000-step Scan concatenates 1000 rows, and a
+    chain that deep overflowed Python's recursion limit in every pass over the expression."""
     xs = list(inputs)
     nd = len(xs[0].shape)
     axis = norm_axis(int(attrs.get("axis", 0)), nd)
@@ -111,12 +113,15 @@ def concatenate(attrs: dict, inputs: list, out_types: list) -> list:
 
     def body(*i: Any) -> Any:
         parts = [(t, o) for t, o, s in zip(xs, offs, sizes) if s > 0]
-        t, o = parts[-1]
-        val = t[tuple(i[:axis]) + (i[axis] - o,) + tuple(i[axis + 1:])]
-        for t, o in reversed(parts[:-1]):
-            end = o + t.shape[axis]
-            val = te.if_then_else(i[axis] < end, t[tuple(i[:axis]) + (i[axis] - o,) + tuple(i[axis + 1:])], val)
-        return val
+
+        def pick(lo: int, hi: int) -> Any:  # the value from parts[lo:hi]
+            if hi - lo == 1:
+                t, o = parts[lo]
+                return t[tuple(i[:axis]) + (i[axis] - o,) + tuple(i[axis + 1:])]
+            mid = (lo + hi) // 2
+            return te.if_then_else(i[axis] < parts[mid][1], pick(lo, mid), pick(mid, hi))
+
+        return pick(0, len(parts))
 
     return [te.compute(tuple(shape), body, name="concatenate", tag=TAG_INJECTIVE)]
 
