@@ -107,21 +107,6 @@ def test_payload_version_3_carries_the_extents():
         OpenCLModule.load_binary(raw)
 
 
-def test_cuda_source_of_a_dynamic_kernel():
-    from kiln.codegen.cuda import function_table, generate_cuda
-    from kiln.runtime.cuda_driver import decode_payload, encode_payload, CUDAPayload
-
-    src, infos = generate_cuda([_dyn_kernel()])
-    head = src.split("twice_kernel0(")[1].split(")")[0]
-    assert 'extern "C" __global__ void __launch_bounds__(32) twice_kernel0(' in src
-    assert head.endswith("const int n")
-    assert "< n)" in src
-    (f,) = function_table(infos)
-    assert [x.name for x in f.extents] == ["n"] and f.launches[0].args == (0, 1, 2)
-    p = decode_payload(encode_payload(CUDAPayload("ptx", b".version 8.0", src, "sm_80", [f])))
-    assert p.functions == [f]
-
-
 # ---------------------------------------------------------------------------------- launcher
 
 

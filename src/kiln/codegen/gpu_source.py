@@ -278,9 +278,13 @@ class GPUSourceGenerator(CStylePrinter):
         self._st = st
         used: list[int] = []
         local: set[int] = set()
+        ext: dict[int, Var] = {}  # the runtime extents the kernel reads
 
         def visit(n: Any) -> None:
-            if isinstance(n, (Load, BufferStore)):
+            if isinstance(n, Var):
+                if slots.get(id(n), ("",))[0] == "extent":
+                    ext[id(n)] = n
+            elif isinstance(n, (Load, BufferStore)):
                 k = id(n.buffer.data)
                 if k not in used:
                     used.append(k)
@@ -304,8 +308,7 @@ class GPUSourceGenerator(CStylePrinter):
                                    "nor a temporary")
         # runtime extents the kernel reads: scalar parameters after the buffers, in the
         # function's extent order (the launcher fills them from the arguments' actual shapes)
-        kvars = _vars_of_stmt(body)
-        exts = sorted((v for v in kvars if slots.get(id(v), ("",))[0] == "extent"), key=lambda v: slots[id(v)][1])
+        exts = sorted(ext.values(), key=lambda v: slots[id(v)][1])
         for v in exts:
             self._name(v)
             st.nonneg.add(v)
@@ -420,18 +423,6 @@ def _vars_of(e: PrimExpr) -> set[Var]:
     out: set[Var] = set()
     post_order_visit(e, lambda n: out.add(n) if isinstance(n, Var) else None)
     return out
-
-
-def _vars_of_stmt(s: Stmt) -> list[Var]:
-    """The variables ``s`` reads, each once, in first-use order (for a deterministic signature)."""
-    out: dict[int, Var] = {}
-
-    def f(n: Any) -> None:
-        if isinstance(n, Var):
-            out.setdefault(id(n), n)
-
-    post_order_visit(s, f)
-    return list(out.values())
 
 
 def _has_barrier(s: Stmt) -> bool:

@@ -41,7 +41,7 @@ from ..tir.intrin import SET_EXTENT, set_extent_targets
 from ..tir.simplify import simplify
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
 from ..tir.unswitch import unswitch_loops
-from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in, var_uses
+from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in
 from .c import STACK_LIMIT_BYTES
 from .vmath import VECTOR_MATH, emit_math
 
@@ -126,8 +126,7 @@ class _Fn:
         self.par_depth = 0
         #: parameter index -> its DLTensor's ``shape`` array (params whose extents are reported)
         self.shapes: dict[int, ir.Value] = {}
-        #: id(node) -> uses the vector lane variable, for the stored values of the vector loop
-        #: being emitted (their nodes stay alive meanwhile, so the ids stay theirs)
+        #: id(node) -> uses the lane variable, for the vector loop being emitted (VectorPlan.uses)
         self.vuses: dict[int, bool] = {}
 
 
@@ -783,9 +782,7 @@ class LLVMCodeGen:
         base = plan.loop.min.value
         st.vranges = {x: (0, 2**31 - 1) for x in st.nonneg}
         st.vranges[v] = (base, base + plan.loop.extent.value - 1)
-        st.vuses = {}
-        for sv in plan.stores:
-            st.vuses.update(var_uses(sv.value, v))
+        st.vuses = plan.uses
         for o, w in plan.chunks:
             if w == 1:
                 c = IntImm(base + o, v.dtype)

@@ -299,7 +299,7 @@ def _moving_reshape(group: FusedGroup) -> Any:
     if len(group.nodes) != 1 or group.nodes[0].op != "reshape" or len(group.inputs) != 1:
         return None
     n = group.nodes[0]
-    return n if n.inputs[0].type.sym is not None or n.outputs[0].type.sym is not None else None
+    return n if n.inputs[0].type.is_dynamic or n.outputs[0].type.is_dynamic else None
 
 
 def _control_func(group: FusedGroup) -> str | None:

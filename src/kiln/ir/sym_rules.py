@@ -32,6 +32,7 @@ This module imports only the IR types, the op helpers and :mod:`kiln.runtime.sym
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 from ..runtime import sym
@@ -519,7 +520,6 @@ def _pool(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[Sy
 def scale_fraction(scale: float) -> tuple[int, int] | None:
     """``(p, q)`` with ``scale == p / q`` (to 1e-9, q <= 64), or None: how a resize by
     ``scale`` sizes a symbolic dim, ``floor(n * scale) == (p * n) // q``."""
-    from fractions import Fraction
 
     f = Fraction(scale).limit_denominator(64)
     if abs(float(f) - scale) > 1e-9 * max(1.0, scale):

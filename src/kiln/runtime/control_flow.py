@@ -170,7 +170,7 @@ class _LoopRunner(_ControlNode):
             for o, r in zip(self.carried_eids, res[1: 1 + n]):
                 p.arrays[o].copyfrom(r)
             for view, r in zip(self.scan_views, res[1 + n:]):
-                view[it] = r.numpy().reshape(view.shape[1:])
+                view[it] = r.numpy(copy=False)  # a head is one row (checked when the graph is read)
             it += 1
         # the actual count, read by the parent like a kernel-reported extent (GraphExecutor.segments)
         for e in self.scan_eids:

@@ -270,11 +270,15 @@ class GPUPayload:
     functions: list[GPUFunction] = field(default_factory=list)
 
 
-def write_function_table(w: Writer, functions: Sequence[GPUFunction], version: int = PAYLOAD_VERSION) -> None:
-    """Append the function table of the version-2 or -3 layout (module docstring) to ``w``."""
-    if version < DYNAMIC_PAYLOAD_VERSION and any(f.extents for f in functions):
-        raise KilnError(f"GPU payload version {version} cannot hold runtime extents (dynamic dims); "
-                        f"write version {DYNAMIC_PAYLOAD_VERSION}")
+def payload_version(functions: Sequence[GPUFunction]) -> int:
+    """The layout a function table needs: version 3 when a function has runtime extents, else
+    version 2 (byte for byte what older Kilns wrote and read)."""
+    return DYNAMIC_PAYLOAD_VERSION if any(f.extents for f in functions) else PAYLOAD_VERSION
+
+
+def write_function_table(w: Writer, functions: Sequence[GPUFunction]) -> None:
+    """Append the function table in the layout :func:`payload_version` gives (module docstring)."""
+    version = payload_version(functions)
     w.u64(len(functions))
     for f in functions:
         w.string(f.name)
@@ -502,14 +506,13 @@ class GPUModule(Module):
             raise KilnError(f"{cls.type_key} module: binary format must be one of {list(cls.binary_formats)}, "
                             f"got {p.fmt!r}")
         w = Writer()
-        version = DYNAMIC_PAYLOAD_VERSION if any(f.extents for f in p.functions) else PAYLOAD_VERSION
         w.raw(cls.payload_magic)
-        w.u32(version)
+        w.u32(payload_version(p.functions))
         w.string(p.fmt)
         w.string(p.arch)
         w.sized_bytes(p.data)
         w.string(p.source)
-        write_function_table(w, p.functions, version)
+        write_function_table(w, p.functions)
         return w.getvalue()
 
     @classmethod
@@ -677,6 +680,10 @@ class _Launcher:
                               f"{Device(m.device_type, device_id)}")
         return InputError(f"{what} is {a.dtype}{list(a.shape)}, expected {spec.dtype}{list(spec.shape)}")
 
+    def _dim_label(self, i: int, d: int) -> str:
+        """``argument i (name) dim d`` for error messages (built only when one is raised)."""
+        return f"argument {i}" + (f" ({self.func.args[i].name})" if self.func.args[i].name else "") + f" dim {d}"
+
     def _extent_values(self, shapes: Sequence[Any] | None) -> tuple[int, ...]:
         """Each runtime extent from the first dim that has it, checked against its upper bound
         and against the other dims that have it."""
@@ -688,15 +695,15 @@ class _Launcher:
                 shp = shapes[i] if shapes is not None and i < len(shapes) else None
                 hi = f.args[i].shape[d]
                 v = hi if shp is None else int(shp[d])
-                what = f"argument {i}" + (f" ({f.args[i].name})" if f.args[i].name else "") + f" dim {d}"
                 if not 0 <= v <= hi:
-                    raise InputError(f"{self.module.type_key} function {self.name!r}: {what} (the dynamic extent "
-                                     f"{x.name}) is {v}, expected 0..{hi}")
+                    raise InputError(f"{self.module.type_key} function {self.name!r}: {self._dim_label(i, d)} "
+                                     f"(the dynamic extent {x.name}) is {v}, expected 0..{hi}")
                 if value is None:
                     value, first = v, (i, d)
                 elif v != value:
-                    raise InputError(f"{self.module.type_key} function {self.name!r}: {what} is {v} but argument "
-                                     f"{first[0]} dim {first[1]} is {value}; both are the dynamic extent {x.name}")
+                    raise InputError(f"{self.module.type_key} function {self.name!r}: {self._dim_label(i, d)} is {v} "
+                                     f"but argument {first[0]} dim {first[1]} is {value}; both are the dynamic "
+                                     f"extent {x.name}")
             out.append(value if value is not None else 0)
         return tuple(out)
 

@@ -449,23 +449,16 @@ class GraphExecutor:
         if op.kind in ("control", "host"):
             return op.func  # raises its own errors, naming the node (and the branch)
 
-        launcher = _shape_taker(op.func)
+        func = op.func
+        launcher = _shape_taker(func)
         if launcher is not None and launcher.takes_shapes and self.graph.sym_shape is not None:
             # the DLTensors' shape arrays hold the actual shapes (rewritten in place when the
             # symbols change), so one list of them serves every run
-            shapes = [self.tensors[e].shape for e in op.in_eids + op.out_eids]
-
-            def call_dynamic() -> None:
-                try:
-                    launcher(*self._op_args(op), shapes=shapes)
-                except Exception as err:  # noqa: BLE001
-                    self._raise_kernel_error(op, err)
-
-            return call_dynamic
+            func = functools.partial(launcher, shapes=[self.tensors[e].shape for e in op.in_eids + op.out_eids])
 
         def call() -> None:
             try:
-                op.func(*self._op_args(op))
+                func(*self._op_args(op))
             except Exception as err:  # noqa: BLE001
                 self._raise_kernel_error(op, err)
 

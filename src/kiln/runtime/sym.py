@@ -72,13 +72,10 @@ def _mul(a: _Poly, b: _Poly) -> _Poly:
 def _floordiv(a: _Poly, c: int) -> _Poly:
     if c <= 0:
         raise InputError(f"symbolic dims divide only by a positive integer, got {c}")
-    if all(v % c == 0 for v in a.values()):
-        return {m: v // c for m, v in a.items()}
-    if not any(a.keys() - {()}):  # a constant
-        return {(): a.get((), 0) // c} if a.get((), 0) // c else {}
     r = a.get((), 0)
     if all(v % c == 0 for m, v in a.items() if m):
-        # floor((c*q + r) / c) == q + floor(r / c) for an integer q: (2*h-1)//2 is h-1
+        # floor((c*q + r) / c) == q + floor(r / c) for an integer q: (2*h-1)//2 is h-1 (a
+        # constant alone is the case q = 0)
         out = {m: v // c for m, v in a.items() if m}
         if r // c:
             out[()] = r // c

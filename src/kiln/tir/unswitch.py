@@ -105,7 +105,7 @@ def unswitch_loops(s: Stmt) -> Stmt:
                                         for i in range(s.extent.value)]))
         ann = s.annotations
         if s.kind == "serial" and _has_loop(s.body, ("unrolled",)):
-            ann = {**ann, "unroll": False}  # the codegens leave the schedule's unrolling as it is
+            ann = {**ann, "unroll": False}  # llvm: not unrolled again (llvm.loop.unroll.disable)
         body = unswitch_loops(s.body)
         if (s.kind == "vectorized" and isinstance(body, IfThenElse) and body.else_case is None
                 and s.loop_var not in collect_vars(body.cond)):

@@ -16,7 +16,7 @@ by lane; that path is only reached for mask-width mismatches.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from .dtype import bits_of
@@ -34,11 +34,14 @@ VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
 
 @dataclass
 class VectorPlan:
-    """How one vectorized loop is emitted: the stores, and chunks ``(offset, lanes)``."""
+    """How one vectorized loop is emitted: the stores, chunks ``(offset, lanes)``, and which
+    nodes of the stored values use the loop variable (:func:`var_uses`, ``id(node) -> bool``;
+    the nodes live as long as the loop, so their ids stay theirs)."""
 
     loop: For
     stores: list[BufferStore]
     chunks: list[tuple[int, int]]
+    uses: dict[int, bool] = field(default_factory=dict)
 
 
 def flat_index(buf: Buffer, indices: Sequence[PrimExpr]) -> PrimExpr:
@@ -81,8 +84,7 @@ def stride_in(flat: PrimExpr, v: Var, ranges: dict[Var, tuple[int, int]] | None 
     c = _affine_coeff(flat, v)
     if c is not None:
         return c
-    if v not in collect_vars(flat):
-        return 0
+    # v occurs, and not affinely on sight (a quotient, a product of variables): ask the simplifier
     d = simplify(substitute(flat, {v: v + 1}) - flat, ranges)
     return d.value if isinstance(d, IntImm) else None
 
@@ -167,18 +169,20 @@ def plan_vector_loop(s: For, vector_bytes: int, ranges: dict[Var, tuple[int, int
         elif isinstance(n, BinaryOp) and n.dtype in ("float64", "int64"):
             widest = max(widest, 64)
 
+    uses: dict[int, bool] = {}
     for st in stores:
         post_order_visit(st.value, visit)
         for i in st.indices:
             post_order_visit(i, visit)
-        if ok and _needs_lanes(st.value, v, rng):
+        uses.update(var_uses(st.value, v))
+        if ok and _needs_lanes(st.value, v, rng, uses):
             # a gather / guarded load / unsupported op would be emitted lane by lane: the
             # compilers' own loop vectorizers do as well on such loops, with far less IR
             ok = False
     if not ok:
         return None
     width = max(1, vector_bytes * 8 // max(widest, 32))
-    return VectorPlan(s, stores, chunk_lanes(ext, width))
+    return VectorPlan(s, stores, chunk_lanes(ext, width), uses)
 
 
 _VEC_CALLS = ("exp", "erf", "tanh")

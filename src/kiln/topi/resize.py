@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import te
+from ..ir.sym_rules import scale_fraction
 from ..runtime.errors import CompileError, TargetError
 from ..target import isa_of
 from .knobs import current_kernel_target
@@ -173,8 +174,6 @@ def _out_extent(n: Any, size: int, scale: float) -> Any:
     """The output length of a resize of a length-``n`` axis: ``size`` when ``n`` is static."""
     if isinstance(n, int):
         return size
-    from ..ir.sym_rules import scale_fraction
-
     pq = scale_fraction(scale)
     if pq is None:
         # (the symbolic shape rule refuses such a resize before any kernel is built)

@@ -50,10 +50,9 @@ import numpy as np
 
 from ..ir import Graph, OpPattern, Value, get_op
 from ..target import ISA
-from ..tir.vectorize import chunk_lanes
 from ..topi.knobs import current_config, workload_key
 from ..topi.schedule.x86 import schedule_isa
-from ..topi.schedule.x86_conv import max_x_tile, row_x_tile
+from ..topi.schedule.x86_conv import MIN_ACCUMULATORS, max_x_tile, row_x_tile, tile_vectors
 from ..ir.ops.layout import convert_layout
 from .pipeline import Pass
 from .simplify import dead_code_elimination
@@ -80,13 +79,6 @@ def _largest_divisor(n: int, cap: int) -> int:
 _MIN_WIDE_BLOCK = 16
 
 
-#: Fewest accumulators of a wide-block tile that divides the row: 8 (AVX2: 4 pixels of two
-#: vectors, the measured Zen 3 threshold; it is also ``min_accumulators`` of Zen 3 and of the
-#: x86-64 levels).  Fixed rather than ``isa.min_accumulators`` so that Haswell (10) keeps the
-#: blocks it had: no Haswell was available to measure a change.
-_MIN_TILE_ACCUMULATORS = 8
-
-
 def _block_sizes(isa: ISA) -> tuple[int, int]:
     """(wide, narrow) channel blocks: ``max(2L, 16)`` and half of it."""
     wide = max(2 * isa.lanes("float32"), _MIN_WIDE_BLOCK)
@@ -99,7 +91,7 @@ def choose_out_block(channels: int, out_width: int, isa: ISA | None = None, dept
 
     The wide block when the whole row fits one register tile (``x86_conv.max_x_tile``), or
     a tile of ``xt`` pixels dividing ``out_width`` fits with at least
-    :data:`_MIN_TILE_ACCUMULATORS` accumulators (``xt · v`` for ``v`` vectors per pixel), or
+    :data:`~kiln.topi.schedule.x86_conv.MIN_ACCUMULATORS` accumulators (``xt · v`` for ``v`` vectors per pixel), or
     a tile of several rows does (``x86_conv.row_x_tile``, given ``out_height``); else the
     narrow block; else the largest divisor of ``channels`` up to the wide block.
 
@@ -124,9 +116,9 @@ def choose_out_block(channels: int, out_width: int, isa: ISA | None = None, dept
     isa = isa if isa is not None else schedule_isa(None)
     lanes = isa.lanes("float32")
     wide, narrow = _block_sizes(isa)
-    vecs = max(1, -(-wide // lanes))
+    vecs = tile_vectors(wide, lanes)
     most = max_x_tile(wide, lanes, depthwise, isa.vector_registers)
-    least = max(1, -(-_MIN_TILE_ACCUMULATORS // vecs))
+    least = max(1, -(-MIN_ACCUMULATORS // vecs))
     fits = out_width <= most or any(out_width % t == 0 for t in range(least, most + 1))
     if not fits and out_height and not depthwise:  # a tile of several rows (14x14: 2 x 2)
         fits = row_x_tile(out_height, out_width, wide, lanes, isa.vector_registers) is not None
@@ -171,8 +163,8 @@ def _padded_block(channels: int, isa: ISA) -> int | None:
         return narrow
     lanes = isa.lanes("float32")
     d = _largest_divisor(channels, wide)  # what choose_out_block / choose_in_block fall back to
-    ops_divisor = channels // d * len(chunk_lanes(d, lanes))
-    ops_padded = (channels + pad) // narrow * len(chunk_lanes(narrow, lanes))
+    ops_divisor = channels // d * tile_vectors(d, lanes)
+    ops_padded = (channels + pad) // narrow * tile_vectors(narrow, lanes)
     return narrow if pad * 4 <= channels and 3 * ops_padded <= 2 * ops_divisor else None
 
 

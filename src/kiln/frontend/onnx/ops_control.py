@@ -35,6 +35,7 @@ from ...ir.ops.control import Subgraph
 from ...runtime import sym
 from ...runtime.sym import Dim
 from .converter import Context, convert_nodes, onnx_dtype, onnx_op, tensor_to_array
+from .ops_dynamic import _fresh_dim
 
 #: Unrolling copies the body once per iteration; beyond this many the graph would explode.
 MAX_UNROLL = 1024
@@ -595,9 +596,4 @@ def _scan_attrs(ctx: Context, node, scans: list[Value], trip: int | None, why: s
                 f"the Loop is decided at run time ({why}); its scan outputs would be planned for "
                 f"RUNTIME_LOOP_MAX_ITERATIONS = {RUNTIME_LOOP_MAX_ITERATIONS} iterations of {row} bytes, more than "
                 f"RUNTIME_LOOP_MAX_SCAN_BYTES = {RUNTIME_LOOP_MAX_SCAN_BYTES} (kiln.frontend.onnx.ops_control)")
-    k = 0
-    while f"loop_{k}" in ctx.graph.dim_ranges:
-        k += 1
-    name = f"loop_{k}"
-    ctx.graph.declare_dim(name, 0, hi, data_dependent=True)
-    return {"num_scan": len(scans), "out_dim": name, "max_iterations": hi}
+    return {"num_scan": len(scans), "out_dim": _fresh_dim(ctx, "loop", hi), "max_iterations": hi}

@@ -601,12 +601,7 @@ def _runtime_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Item]:
         raise ctx.bad(f"the condition must hold one element, it has {cond.type.size}")
     if cond.dtype != "bool":
         cond = ctx.cast(cond, "bool")
-    captures = ops_control._captures(ctx, [then_b, else_b], set())
-    if any(is_container(v) for _, v in captures):
-        raise ctx.unsupported(
-            "a runtime If whose branches read an outer sequence / optional; "
-            "the condition must be known at compile time (freeze it)"
-        )
+    captures = ops_control._captures(ctx, [then_b, else_b], set())  # refuses outer sequences
     then_g, then_outs = _convert_branch(ctx, node, then_b, "then", captures)
     else_g, else_outs = _convert_branch(ctx, node, else_b, "else", captures)
     a, b = [structure(v) for v in then_outs], [structure(v) for v in else_outs]

@@ -42,7 +42,8 @@ from .generic import PARALLEL_MIN, finalize, prepare, schedule_injective_stage, 
 from .x86 import _find, _keep_root_helpers, _single_output_epilogue, schedule_isa
 
 __all__ = ["schedule_conv2d", "schedule_conv2d_nchwc", "schedule_layout_transform", "schedule_blocked_copy",
-           "schedule_max_pool2d_nchwc", "pick_x_tile", "max_x_tile", "row_x_tile", "row_tile", "nchwc_workload"]
+           "schedule_max_pool2d_nchwc", "pick_x_tile", "max_x_tile", "row_x_tile", "tile_vectors", "row_tile",
+           "nchwc_workload", "MIN_ACCUMULATORS"]
 
 #: Most output pixels of one register tile (the pixels are unrolled code): the AVX2 maximum of
 #: the register formula, so a 32-register file gets more pixels only for wide blocks.
@@ -65,25 +66,32 @@ def pick_x_tile(ow: int, max_tile: int, min_tile: int = 4) -> int:
     return max_tile
 
 
+def tile_vectors(ob: int, lanes: int) -> int:
+    """Vector registers one pixel of an ``ob``-channel block takes: the pieces the codegens cut
+    ``ob`` lanes into (:func:`kiln.tir.vectorize.chunk_lanes`: 7 on 8 lanes is 4 + 2 + 1)."""
+    return max(1, len(chunk_lanes(ob, lanes)))
+
+
 def max_x_tile(ob: int, lanes: int, depthwise: bool, registers: int = 16) -> int:
     """Most output pixels ``xt`` whose tile of ``ob`` channels fits ``registers`` vector registers.
 
-    With ``v`` vectors per pixel (the pieces the codegens cut ``ob`` lanes into,
-    :func:`kiln.tir.vectorize.chunk_lanes`: ``ob = 7`` on 8 lanes is 4 + 2 + 1, three
-    registers): ``xt * v + v + 1 <= registers`` (``xt * v``
+    With ``v`` vectors per pixel (:func:`tile_vectors`): ``xt * v + v + 1 <= registers`` (``xt * v``
     accumulators, ``v`` weight vectors, one broadcast input value), at most
     :data:`MAX_X_TILE`; depthwise ``xt * v + v + 2 <= registers`` (its input is a vector load,
     not a broadcast: two registers for the operands in flight), at most
     :data:`MAX_X_TILE_DEPTHWISE`.
     """
-    vecs = max(1, len(chunk_lanes(ob, lanes)))
+    vecs = tile_vectors(ob, lanes)
     if depthwise:
         return max(1, min(MAX_X_TILE_DEPTHWISE, (registers - 2 - vecs) // vecs))
     return max(1, min(MAX_X_TILE, (registers - 1 - vecs) // vecs))
 
 
 #: Fewest accumulators of a register tile that keeps both FMA pipes busy: FMA latency (4
-#: cycles on Zen 3) x 2 pipes.  ``row_x_tile`` only goes two-dimensional to reach it.
+#: cycles on Zen 3) x 2 pipes; 8 is also ``min_accumulators`` of Zen 3 and of the x86-64
+#: levels (``bench/fma_ceiling.c``: 8 reach the FMA peak).  Fixed rather than
+#: ``isa.min_accumulators`` so that Haswell (10) keeps the blocks it had: no Haswell was
+#: available to measure a change.  The layout pass's block choice and ``row_x_tile`` use it.
 MIN_ACCUMULATORS = 8
 
 
@@ -93,14 +101,14 @@ def row_x_tile(oh: int, ow: int, ob: int, lanes: int, registers: int = 16) -> tu
 
     The case it exists for: 14x14 outputs with 16-channel blocks. One row of 14 has no divisor
     that fits 16 ymm registers with two vectors per pixel (7 pixels need 17), so the layout used
-    8-channel blocks and 14-pixel rows: one broadcast per FMA, which caps a micro-kernel at 90
-    GFLOP/s on Zen 3 where one broadcast per two FMAs reaches the 103 GFLOP/s FMA peak
+    8-channel blocks and 14-pixel rows: one broadcast per FMA, which caps a micro-kernel at
+    90-96 GFLOP/s on Zen 3 where one broadcast per two FMAs reaches the 103 GFLOP/s FMA peak
     (``bench/RESULTS.md``). A 2 x 2 tile of 16 channels is 8 accumulators, one broadcast per two
-    FMAs and no tail: ResNet-50's 14x14 convs went from 70-81 to 80-92 GFLOP/s.
+    FMAs and no tail: ResNet-50 ran in 0.964 of its previous time (``bench/bench_ab.py``, 1 thread).
     Not for depthwise tiles (no broadcast).
     """
     most = max_x_tile(ob, lanes, False, registers)
-    vecs = max(1, len(chunk_lanes(ob, lanes)))
+    vecs = tile_vectors(ob, lanes)
     if any(ow % t == 0 and t * vecs >= MIN_ACCUMULATORS for t in range(1, min(ow, most) + 1)):
         return None
     best: tuple[int, int] | None = None
