@@ -214,14 +214,41 @@ def test_padded_block_choice() -> None:
     from kiln.transform.alter_layout import _padded_block
 
     avx2 = isa_of("llvm -mcpu=haswell")
-    # ShuffleNetV2's 58 / 116 channels pad to 64 / 120 (blocks of 8); padding more than one
+    # ShuffleNetV2's 58 / 116 channels pad to 64 / 120 (blocks of 8: 120 is no multiple of 16;
+    # 64 is, and a 16-wide tile of 4 pixels divides a 28-wide output); padding more than one
     # channel in eight (20 -> 24: blocks of 10 are 8 + 2 lanes, 4 vector ops against 3 once
     # padded, too little gain), a block that divides (24) or too few channels (3) do not pad
-    assert [_padded_block(c, avx2) for c in (58, 116, 20, 24, 3, 15)] == [8, 8, None, None, None, None]
+    assert [_padded_block(c, avx2, 28) for c in (58, 116, 20, 24, 3, 15)] == [16, 8, None, None, None, None]
+    # without an output width (an input block) the wide block whenever it pads to the same count
+    assert [_padded_block(c, avx2) for c in (58, 116)] == [16, 8]
+    # 7 pixels wide: 16 channels need 6-pixel tiles, so 64 keeps blocks of 8
+    assert _padded_block(58, avx2, 7) == 8
     # up to one channel in four when it saves a third of the vector operations: 21 = 3 blocks
     # of 7 (4 + 2 + 1 lanes: 9 ops) -> 24 (3 ops); 42 = 3 x 14 (8 + 4 + 2: 9 ops) -> 48 (6 ops);
     # 18 would pad by a third
-    assert [_padded_block(c, avx2) for c in (21, 42, 18)] == [8, 8, None]
+    assert [_padded_block(c, avx2, 28) for c in (21, 42, 18)] == [8, 16, None]
+    # AVX-512 (narrow 16, wide 32): 116's divisor block 29 is 16 + 8 + 4 + 1 lanes; padded to
+    # 128 it takes the wide block where the tile fits (ow 28: 2 x 14 pixels); 232 -> 240 is no
+    # multiple of 32 (narrow); RegNetY's 104 (26 = 16 + 8 + 2) -> 112; 48 divides (None)
+    avx512 = isa_of("llvm -mcpu=skylake-avx512")
+    assert [_padded_block(c, avx512, 28) for c in (58, 116, 232, 104, 48, 20)] == [32, 32, 16, 16, None, None]
+    assert _padded_block(116, avx512) == 32  # an input block: no tile to fit
+
+
+def test_divisor_blocks_between_narrow_and_wide_pad() -> None:
+    """A divisor block above the narrow one that is not a multiple of it (29 for 116 channels on
+    AVX-512) is replaced by a padded block, in plain, depthwise and input blocks alike."""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    x = g.add_input("x", (1, 116, 28, 28))
+    p = {"w1": _rand(rng, 116, 116, 1, 1), "w2": _rand(rng, 116, 1, 3, 3)}
+    ins = {k: g.add_input(k, v.shape) for k, v in p.items()}
+    y = g.add("relu", g.add("conv2d", x, ins["w1"]))
+    g.outputs = [g.add("conv2d", y, ins["w2"], groups=116, padding=(1, 1, 1, 1))]
+    opt = optimize(g, params=p, target="llvm -mcpu=skylake-avx512")
+    convs = [n for n in opt.nodes if n.op == "conv2d_nchwc"]
+    assert [n.outputs[0].shape[1:] for n in convs] == [(4, 28, 28, 32), (4, 28, 28, 32)]
+    assert [n.inputs[0].shape[-1] for n in convs] == [32, 32]
 
 
 def test_21_class_head_pads_to_24_and_computes_the_same() -> None:
@@ -252,11 +279,16 @@ def test_tile_counts_the_vectors_a_block_is_cut_into() -> None:
     assert max_x_tile(8, 8, False, 16) == 14 and max_x_tile(16, 8, False, 16) == 6
 
 
-@pytest.mark.parametrize("target", ["llvm", "c"])
+@pytest.mark.parametrize("target", ["llvm", "c", "llvm -mcpu=skylake-avx512"])
 def test_padded_channel_blocks_compute_the_same(target: str, monkeypatch: Any) -> None:
     """116 channels run blocked by 8 with 4 zero lanes: 1x1 conv -> relu -> depthwise ->
     per-channel scale -> 1x1 conv -> global mean, then ops that must not see the padding (a
-    log after the relu, a concat with a non-multiple of 8) read the value unpadded."""
+    log after the relu, a concat with a non-multiple of 8) read the value unpadded. On
+    AVX-512 the same graph runs with blocks of 32 / 16 (built here, run where the host can)."""
+    from kiln.target import host_isa
+
+    if "avx512" in target and not host_isa().avx512f:
+        pytest.skip("host lacks avx512f: the AVX-512 build cannot run here")
     rng = np.random.default_rng(7)
     g = Graph()
     x = g.add_input("x", (1, 116, 9, 9))

@@ -35,8 +35,12 @@ fits one tile or a tile of it with at least 8 accumulators divides the width.
   possible.  Measured (Zen 3 VM shared with other jobs, ``KILN_NUM_THREADS=1``, ``llvm``,
   ResNet-18 built both ways in one process, median of 30 interleaved runs, two sessions):
   two-vector blocks (8 / 4) 256 and 283 ms, 16 / 8 blocks 211 and 261 ms.
-* AVX-512 (``L`` 16, ``R`` 32): 32 / 16 (two ``zmm`` fit 14 pixels); NEON (``L`` 4, ``R``
-  32): 16 / 8.  Neither could be measured here.
+* AVX-512 (``L`` 16, ``R`` 32): 32 / 16 (two ``zmm`` fit 14 pixels).  Measured on Zen 5
+  (``bench/RESULTS.md``): ResNet-50's convs at 97% of the measured GEMM peak.  Channel counts
+  whose divisor block falls between 16 and 32 without being a multiple of 16 (ShuffleNetV2's
+  116: 29 = 16 + 8 + 4 + 1 lanes) are padded instead (:func:`_padded_block`): ShuffleNetV2
+  0.62x, RegNetY-400MF 0.75x of their previous time.
+* NEON (``L`` 4, ``R`` 32): 16 / 8, not measured.
 
 ``ib`` is whatever block the producer already has (any divisor of C is legal), else the wide
 or the narrow block.
@@ -146,26 +150,36 @@ _PAD_SAFE_UNARY = ("relu", "clip", "sigmoid", "tanh", "hard_sigmoid", "hard_swis
                    "abs", "gelu", "erf", "elu", "selu", "celu", "swish", "mish", "softsign")
 
 
-def _padded_block(channels: int, isa: ISA) -> int | None:
-    """The narrow block, padding ``channels`` up to a multiple of it, when it does not divide
-    them and either the padding costs at most one channel in eight (ShuffleNetV2's 58 / 116 ->
-    64 / 120), or at most one in four and saves a third of the vector operations per pixel: the
-    divisor block the conv would get otherwise is cut by the codegens into several vectors
-    (DeepLabV3's 21-class head: blocks of 7 are 4 + 2 + 1 lanes, nine operations for 21
-    channels against three for 24; the conv went from 195-460 to 28 us). Else None: the conv
-    keeps the divisor.
+def _padded_block(channels: int, isa: ISA, out_width: int = 0, out_height: int = 0,
+                  depthwise: bool = False) -> int | None:
+    """A block that pads ``channels`` up to a multiple of it, for a conv whose block would
+    otherwise not be a multiple of the narrow block; None to keep that divisor block.
+
+    Padding to the narrow block is taken when it saves vector operations per pixel and
+    costs at most one channel in eight (ShuffleNetV2's 58 / 116 -> 64 / 120 on AVX2), or at
+    most one in four and saves a third of them: the divisor block is cut by the codegens into
+    several vectors (DeepLabV3's 21-class head: blocks of 7 are 4 + 2 + 1 lanes, nine
+    operations for 21 channels against three for 24; the conv went from 195-460 to 28 us;
+    on AVX-512 ShuffleNetV2's 116 channels had blocks of 29 = 16 + 8 + 4 + 1 lanes). The
+    wide block is returned instead when it pads to the same count and its tile fits the
+    output (:func:`choose_out_block`; ``out_width`` 0: an input block, no tile to fit).
     """
     wide, narrow = _block_sizes(isa)
     if channels % narrow == 0 or channels < 2 * narrow:
         return None
     pad = -channels % narrow
-    if pad * 8 <= channels:
-        return narrow
     lanes = isa.lanes("float32")
     d = _largest_divisor(channels, wide)  # what choose_out_block / choose_in_block fall back to
     ops_divisor = channels // d * tile_vectors(d, lanes)
     ops_padded = (channels + pad) // narrow * tile_vectors(narrow, lanes)
-    return narrow if pad * 4 <= channels and 3 * ops_padded <= 2 * ops_divisor else None
+    if not (pad * 8 <= channels and ops_padded < ops_divisor
+            or pad * 4 <= channels and 3 * ops_padded <= 2 * ops_divisor):
+        return None
+    if (channels + pad) % wide:
+        return narrow
+    if not out_width:
+        return wide
+    return choose_out_block(channels + pad, out_width, isa, depthwise, out_height)
 
 
 def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = False) -> tuple[int, int] | None:
@@ -189,14 +203,15 @@ def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = 
         tuned_ob = 0
     narrow = _block_sizes(isa)[1]
     if g == 1:
-        ob = tuned_ob or choose_out_block(o, ow, isa, out_height=node.outputs[0].shape[2])
-        if not tuned_ob and ob < narrow:
-            ob = _padded_block(o, isa) or ob
+        oh = node.outputs[0].shape[2]
+        ob = tuned_ob or choose_out_block(o, ow, isa, out_height=oh)
+        if not tuned_ob and ob % narrow:
+            ob = _padded_block(o, isa, ow, oh) or ob
         if data_block and (data_padded or c % data_block == 0):
             ib = data_block
         else:
             ib = choose_in_block(c, isa)
-            if ib < narrow:
+            if ib % narrow:
                 ib = _padded_block(c, isa) or ib
         # blocks below 4 lanes would run mostly scalar code: NCHW's kernel is as good there
         if ob < 4:
@@ -207,8 +222,8 @@ def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = 
             b = data_block
         else:
             b = tuned_ob or choose_out_block(c, ow, isa, depthwise=True)
-            if not tuned_ob and b < narrow:
-                b = _padded_block(c, isa) or b
+            if not tuned_ob and b % narrow:
+                b = _padded_block(c, isa, ow, depthwise=True) or b
         return (b, b) if b >= 4 else None
     if g > 1 and o % g == 0 and cg * g == c:
         # Grouped (ResNeXt, RegNet): blocked within each group, so output block k reads only its
