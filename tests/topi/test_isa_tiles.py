@@ -78,6 +78,31 @@ def test_panel_narrows_for_narrow_outputs_down_to_two_vectors() -> None:
     assert dense_panel_width(isa_of(SSE2), n=5) == 8
 
 
+def test_panel_divides_n_when_a_narrower_whole_vector_width_does() -> None:
+    isa = isa_of(SKX)
+    # ConvNeXt-T's 96 and 144 columns: three zmm (48) instead of 64 + a half-empty panel;
+    # 192 = 3 x 64 keeps 64; 80 has no such width (48, 32 do not divide): 64 as before
+    assert [dense_panel_width(isa, n=n) for n in (96, 144, 192, 80)] == [48, 48, 64, 64]
+    mt, nt = gemm_register_tile(isa, nt=48)
+    assert (mt, nt) == (9, 48)  # 27 accumulators + 3 B vectors + 1 broadcast of 32 zmm
+
+
+@pytest.mark.skipif(not host_isa().avx512f, reason="host lacks avx512f: AVX-512 code is only compiled here")
+def test_avx512_dense_with_48_wide_panels_runs() -> None:
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((50, 40)).astype("float32")
+    w = rng.standard_normal((96, 40)).astype("float32")
+    g = Graph()
+    x = g.add_input("x", a.shape)
+    wv = g.add_input("w", w.shape)
+    g.outputs = [g.add("dense", x, wv)]
+    lib = kiln.build(g, target=SKX, params={"w": w})
+    gm = kiln.GraphModule(lib["default"](kiln.cpu()))
+    gm.set_input(x=a)
+    gm.run()
+    np.testing.assert_allclose(gm.get_output(0).numpy(), a @ w.T, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("target,bn", [(SSE2, 8), (HASWELL, 16), (SKX, 64), (A72, 16)])
 def test_dense_packs_for_the_target_and_schedule_agrees(target: str, bn: int) -> None:
     """The pack stage, the anchor's ``bn`` and the schedule's column tile are one number."""
@@ -104,9 +129,9 @@ def test_matmul_panel_follows_the_target() -> None:
 
 def test_registered_compute_reads_kernel_target() -> None:
     """Graph lowering calls computes without a target: ``kernel_target`` supplies it."""
-    x, w = te.placeholder((8, 64), F32, name="x"), te.placeholder((96, 64), F32, name="w")
+    x, w = te.placeholder((8, 64), F32, name="x"), te.placeholder((128, 64), F32, name="w")
     fn = topi.get_compute("dense")
-    out_t = [TensorType((8, 96), F32)]
+    out_t = [TensorType((8, 128), F32)]
     assert current_kernel_target() is None
     assert _stage(fn({}, [x, w], out_t)[0], TAG_DENSE).attrs["bn"] == DENSE_PACK_BN
     with kernel_target(SKX):
