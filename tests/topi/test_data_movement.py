@@ -158,3 +158,19 @@ def test_padded_pool_window_guard_leaves_the_vector_loop() -> None:
     want = np.stack([np.stack([padded[:, :, 2 * y:2 * y + 3, 2 * x:2 * x + 3].max(axis=(2, 3)) for x in range(6)], 2)
                      for y in range(6)], 2)
     np.testing.assert_array_equal(out.numpy(), want)
+
+
+@pytest.mark.parametrize("src,dst,shape", [("NCHW32c", "NCHW", (1, 4, 56, 56, 32)),
+                                           ("NCHW", "NCHW16c", (1, 128, 28, 28))])
+def test_layout_transform_outer_loop_is_parallel(src: str, dst: str, shape: tuple) -> None:
+    """A blocked copy parallelises its fused outer loops (their extent was read from the fused
+    IterVar before it had one, so every layout transform ran on one thread)."""
+    from kiln.ir import Graph
+
+    g = Graph()
+    x = g.add_input("x", shape)
+    g.outputs = [g.add("layout_transform", x, src_layout=src, dst_layout=dst)]
+    (func,) = lower(g, "llvm").funcs
+    kinds: list[str] = []
+    post_order_visit(func.body, lambda n: kinds.append(n.kind) if isinstance(n, For) else None)
+    assert "parallel" in kinds, kinds

@@ -237,8 +237,10 @@ def schedule_blocked_copy(s: te.Schedule, st: te.Stage) -> None:
         return
     total = prod(iv.dom_extent for iv in axes)
     if len(axes) >= 3:
+        # (a fused IterVar has no extent until bound: count the outer iterations here)
+        outer_extent = prod(iv.dom_extent for iv in axes[:-2])
         outer = st.fuse(*axes[:-2])
-        if total >= PARALLEL_MIN and outer.dom_extent > 1:
+        if total >= PARALLEL_MIN and outer_extent > 1:
             st.parallel(outer)
     elif total >= PARALLEL_MIN:
         st.parallel(axes[0])
