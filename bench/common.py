@@ -174,7 +174,8 @@ def machine_info() -> dict[str, Any]:
     for key, label in (("Model name", "cpu"), ("CPU(s)", "logical_cpus"),
                        ("Core(s) per socket", "cores_per_socket"), ("Socket(s)", "sockets"),
                        ("Thread(s) per core", "threads_per_core"), ("L2 cache", "l2"),
-                       ("L3 cache", "l3"), ("Hypervisor vendor", "hypervisor")):
+                       ("L3 cache", "l3"), ("Hypervisor vendor", "hypervisor"),
+                       ("CPU family", "family"), ("Model", "model")):
         m = re.search(rf"^{re.escape(key)}:\s*(.+)$", lscpu, re.M)
         if m:
             info[label] = m.group(1).strip()
@@ -235,7 +236,9 @@ def machine_line(info: Mapping[str, Any]) -> str:
         n = int(cores) * int(sockets)
     except (TypeError, ValueError):
         n = info.get("os.cpu_count")
-    return (f"{info.get('cpu', '?')}, {n} cores ({info.get('logical_cpus', '?')} logical"
+    # "AMD EPYC" names neither the generation nor the ISA: family / model do (25/1 Zen 3, 26/2 Zen 5)
+    fam = f" (family {info['family']} model {info['model']})" if info.get("family") and info.get("model") else ""
+    return (f"{info.get('cpu', '?')}{fam}, {n} cores ({info.get('logical_cpus', '?')} logical"
             f"{', ' + info['hypervisor'] + ' VM' if info.get('hypervisor') else ''}), "
             f"SIMD: {info.get('simd', '?')}")
 
