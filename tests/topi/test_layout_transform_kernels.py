@@ -13,7 +13,7 @@ from kiln.ir.ops.layout import convert_layout
 from kiln.tir.functor import post_order_visit
 from kiln.tir.stmt import For
 
-CASES = [
+TRANSFORMS = [
     ("NCHW16c", "NCHW8c", (1, 3, 9, 7, 16)),
     ("NCHW32c", "NCHW8c", (2, 2, 5, 6, 32)),
     ("NCHW8c", "NCHW16c", (1, 4, 9, 7, 8)),
@@ -34,7 +34,7 @@ def _build(src: str, dst: str, shape: tuple, channels: int = 0) -> Graph:
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
-@pytest.mark.parametrize("src,dst,shape", CASES)
+@pytest.mark.parametrize("src,dst,shape", TRANSFORMS)
 def test_layout_transform_matches_reference(src: str, dst: str, shape: tuple, target: str) -> None:
     xv = np.random.default_rng(len(shape) + shape[1]).standard_normal(shape).astype("float32")
     g = _build(src, dst, shape)
