@@ -5,6 +5,8 @@ installed, MobileNetV2 (``models.py``) are built once with ``H, W`` symbolic in
 ``--range`` and, at each size of ``--sizes``, once static at exactly that size. Both run
 the same input, interleaved (:func:`common.interleaved`); the table gives the medians and
 the ratio dynamic/static. Every dynamic result is checked against the static one first.
+The log also gives each dynamic library's build time (with ``KILN_CACHE=0`` it includes the
+code generation of every kernel).
 
 Usage::
 
@@ -18,6 +20,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +82,10 @@ def main() -> int:
     for name in args.models.split(","):
         model = onnx_model(name)
         iname = model.graph.input[0].name
+        t0 = time.perf_counter()
         dyn = build(model, args.target, (1, 3, "h", "w"), {"h": (lo, hi), "w": (lo, hi)},
                     tmp / f"{name}_dyn.so", args.threads)
+        log(f"  {name}: dynamic library built in {time.perf_counter() - t0:.1f} s")
         for size in args.sizes.split(","):
             h, w = (int(x) for x in size.split("x"))
             static = build(model, args.target, (1, 3, h, w), None, tmp / f"{name}_{size}.so", args.threads)
