@@ -15,7 +15,8 @@ versioned, only for guard ``if`` s without ``else`` that contain a
 ``vectorized`` or ``unrolled`` loop (the tile body), and only at the outermost loop that the
 condition is invariant in, so code size grows by at most one copy per tiled loop nest.
 
-Before that, :func:`partition_tail_tiles` splits a tile loop whose trip count is a runtime
+First, :func:`peel_static_tails` gives the tail tiles of a non-exact static split (a dense
+with N = 80 in 64-wide panels) constant loop extents. Then :func:`partition_tail_tiles` splits a tile loop whose trip count is a runtime
 ``ceil(n / t)`` (a dynamic extent tiled by ``t``) into ``n // t`` full tiles without their tail
 guards and a remainder of ``n % t`` elements run as unguarded tiles of 8 and then one tile of
 exactly the 1 .. 7 elements left, so a runtime width that is no multiple of the tile neither
@@ -35,7 +36,7 @@ from .functor import Mutator, collect_vars, post_order_visit, substitute
 from .simplify import simplify, simplify_stmt
 from .stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
-__all__ = ["unswitch_loops", "partition_tail_tiles"]
+__all__ = ["unswitch_loops", "partition_tail_tiles", "peel_static_tails"]
 
 
 def _bound_vars(s: Stmt, out: set[Var]) -> None:
@@ -104,6 +105,75 @@ def _assume(s: Stmt, conds: list[PrimExpr]) -> Stmt:
     return s
 
 
+def _tail_extent(e: PrimExpr, v: Var, extent: int) -> tuple[int, int] | None:
+    """``(c, r)`` when ``e``, a ``min`` over the loop variable ``v`` in ``range(extent)``, takes
+    only the values ``c`` (full tiles) and ``r < c`` (the tail tiles of a non-exact static
+    split; several when ``v`` fuses a batch axis with the tile axis)."""
+    if not (isinstance(e, BinaryOp) and e.op == "min" and v in collect_vars(e) and 1 < extent <= 1024):
+        return None
+    vals = set()
+    for k in range(extent):
+        x = simplify(substitute(e, {v: IntImm(k, v.dtype)}))
+        if not isinstance(x, IntImm):
+            return None
+        vals.add(x.value)
+        if len(vals) > 2:
+            return None
+    if len(vals) != 2:
+        return None
+    r, c = sorted(vals)
+    return (c, r) if r > 0 else None
+
+
+class _ReplaceExpr(Mutator):
+    def __init__(self, old: PrimExpr, new: PrimExpr) -> None:
+        self.old, self.new = old, new
+
+    def visit_BinaryOp(self, e: BinaryOp) -> PrimExpr:
+        return self.new if structural_equal(e, self.old) else self.generic_expr(e)
+
+
+def peel_static_tails(s: Stmt) -> Stmt:
+    """Give the tail tiles of a tile loop over a static extent a body of their own.
+
+    A split by ``t`` that does not divide a static extent ``E`` leaves the inner loops of every
+    tile with the extent ``min(t, E - o*t)``: not a constant, so the vectorized loop over a
+    tile's columns falls back to a scalar loop in *every* tile.  The body of ``for o`` becomes
+    ``if min(...) == t: body[t] else: body[E % t]``, both with constant extents: a dense with
+    N = 80 in 64-wide panels ran 3136 x 384 x 80 at 122 GFLOP/s, now 247 (N = 64: 274; Zen 5,
+    AVX-512, 1 thread).
+    """
+    if isinstance(s, For):
+        body = peel_static_tails(s.body)
+        if isinstance(s.min, IntImm) and s.min.value == 0 and isinstance(s.extent, IntImm):
+            found: list[tuple[PrimExpr, int, int]] = []
+            trips = s.extent.value
+
+            def visit(n: Any) -> None:
+                if isinstance(n, For) and not found:
+                    cr = _tail_extent(n.extent, s.loop_var, trips)
+                    if cr is not None:
+                        found.append((n.extent, *cr))
+
+            post_order_visit(body, visit)
+            if found:
+                e, c, r = found[0]
+                full = simplify_stmt(_ReplaceExpr(e, IntImm(c, e.dtype)).stmt(body))
+                tail = simplify_stmt(_ReplaceExpr(e, IntImm(r, e.dtype)).stmt(body))
+                body = IfThenElse(binary("eq", e, IntImm(c, e.dtype)), full, tail)
+        return s if body is s.body else For(s.loop_var, s.min, s.extent, s.kind, body, s.annotations)
+    if isinstance(s, SeqStmt):
+        return SeqStmt([peel_static_tails(x) for x in s.seq])
+    if isinstance(s, IfThenElse):
+        return IfThenElse(s.cond, peel_static_tails(s.then_case),
+                          None if s.else_case is None else peel_static_tails(s.else_case))
+    if isinstance(s, LetStmt):
+        return LetStmt(s.var, s.value, peel_static_tails(s.body))
+    if isinstance(s, Allocate):
+        return Allocate(s.buffer, peel_static_tails(s.body))
+    return s
+
+
 def unswitch_loops(s: Stmt) -> Stmt:
     """Version serial loops on their loop-invariant tile guards (see the module docstring).
 
@@ -118,7 +188,7 @@ def unswitch_loops(s: Stmt) -> Stmt:
         The body with runtime-extent tile loops partitioned (:func:`partition_tail_tiles`) and
         the guard-carrying loops versioned.
     """
-    return _unswitch(partition_tail_tiles(s))
+    return _unswitch(partition_tail_tiles(peel_static_tails(s)))
 
 
 def _unswitch(s: Stmt) -> Stmt:
