@@ -87,7 +87,8 @@ def test_default_path_unchanged_with_empty_log(tiny_graph, tmp_path):
         assert f.get_stats()["tuned_kernels"] == 0
 
 
-def test_tasks_and_tune_writes_valid_records(tiny_graph, tmp_path):
+def test_tasks_and_tune_writes_valid_records(tiny_graph, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_WINOGRAD", "0")  # tasks of the direct conv kernel (its 3x3 would be Winograd)
     g, params = tiny_graph
     tasks = extract_tasks(g, params, TARGET)
     assert sorted(t.kind for t in tasks) == ["conv2d_nchwc", "dense"]
@@ -117,7 +118,8 @@ def test_tasks_and_tune_writes_valid_records(tiny_graph, tmp_path):
     assert {r.workload for r in recs} == {t.workload for t in tasks}
 
 
-def test_build_applies_best_records(tiny_graph, tiny_onnx, tmp_path):
+def test_build_applies_best_records(tiny_graph, tiny_onnx, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_WINOGRAD", "0")  # tasks of the direct conv kernel (its 3x3 would be Winograd)
     g, params = tiny_graph
     tasks = extract_tasks(g, params, TARGET)
     log = tmp_path / "best.jsonl"
@@ -157,7 +159,8 @@ def test_records_for_other_targets_are_ignored(tiny_graph, tmp_path):
     assert best_configs(load_records(str(log)), "llvm -mcpu=skylake")
 
 
-def test_layout_block_knob(tiny_graph):
+def test_layout_block_knob(tiny_graph, monkeypatch):
+    monkeypatch.setenv("KILN_WINOGRAD", "0")  # tasks of the direct conv kernel (its 3x3 would be Winograd)
     g, params = tiny_graph
     base = kiln.driver.lower(g, TARGET, params)
     wl = workload_key("conv2d_layout", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, "float32")

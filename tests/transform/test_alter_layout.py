@@ -54,6 +54,7 @@ def _run(g: Graph, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray])
 
 
 def test_block_net_layout_and_values(monkeypatch: Any) -> None:
+    monkeypatch.setenv("KILN_WINOGRAD", "0")  # the direct kernels' blocking (tests/topi/test_winograd.py: the other)
     rng = np.random.default_rng(0)
     g, params = _block_net(rng)
     opt = optimize(g, params)

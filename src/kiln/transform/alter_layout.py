@@ -48,6 +48,7 @@ or the narrow block.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -55,9 +56,11 @@ import numpy as np
 from ..ir import Graph, OpPattern, Value, get_op
 from ..target import ISA
 from ..topi.knobs import current_config, workload_key
+from ..topi.nn.dense import dense_panel_width
 from ..topi.schedule.x86 import schedule_isa
 from ..topi.schedule.x86_conv import MIN_ACCUMULATORS, max_x_tile, row_x_tile, tile_vectors
 from ..ir.ops.layout import convert_layout
+from ..ir.ops.winograd import winograd_panels, winograd_weight
 from .pipeline import Pass
 from .simplify import dead_code_elimination
 
@@ -330,6 +333,84 @@ def _concat_block(node: Any, bld: _Builder) -> int | None:
     return max(fits, key=lambda b: (blocks.count(b), b))
 
 
+#: Environment switch of the Winograd path (:func:`_winograd_conv`): ``1`` every eligible
+#: conv, ``0`` none, ``auto`` the measured rule (:func:`_winograd_default`); unset: the rule
+#: when :data:`WINOGRAD_BY_DEFAULT`, else none.  A tuning log's ``winograd`` knob of the
+#: ``conv2d_layout`` workload overrides the rule (not ``0`` / ``1``).
+WINOGRAD_ENV = "KILN_WINOGRAD"
+#: Whether an unset :data:`WINOGRAD_ENV` means the measured rule (tests of the direct
+#: kernel's blocking set :data:`WINOGRAD_ENV` to ``0``).
+WINOGRAD_BY_DEFAULT = True
+
+
+def _winograd_default(isa: ISA) -> bool:
+    """Whether eligible 3x3 stride-1 convs run as Winograd F(2x2, 3x3) by default on ``isa``.
+
+    Winograd does 2.25x fewer multiplies; its GEMMs read build-time panels 16/9 the size of
+    the direct conv's weight.  Measured (``conv2d`` + bias + ReLU, the kernels between the
+    edge layout transforms, Zen 5, ``KILN_NUM_THREADS=1``, debug-executor profile, median of
+    7 interleaved rounds; Winograd / ``conv2d_nchwc`` time;
+    ``KILN_NUM_THREADS=1 python -m tests.topi.test_winograd [target] [C,K,HW ...]``):
+
+    * AVX-512 (``llvm -mcpu=native``), ``C -> K at HxW``: 64->64 56x56 0.61 (886 -> 543 us),
+      128->128 28x28 0.50, 256->256 14x14 0.49, 512->512 7x7 0.67 (888 -> 598 us), 64->128
+      56x56 0.55, 128->64 28x28 0.53, 128->256 28x28 0.49, 256->128 14x14 0.50, 256->512 14x14
+      0.49, 512->256 7x7 0.63, 256->256 12x12 0.50, 10x10 0.50, 5x5 0.68, 512->512 4x4 0.53,
+      64->64 6x6 0.47, 128->128 8x8 0.19 (the direct kernel's 8-wide tile is slow there).
+    * SSE2 (``llvm``): 64->64 56x56 0.53, 256->256 14x14 0.49, 512->512 7x7 0.73, 128->256
+      28x28 0.48.
+    * AVX2 (``llvm -mcpu=znver3`` run on the same Zen 5): 64->64 56x56 0.49, 128->128 28x28
+      0.43, 256->256 14x14 0.42, 512->512 7x7 0.65.
+
+    No measured shape class lost, so the rule is the instruction set alone: x86 (SSE2, AVX2,
+    AVX-512).  NEON was not measured and keeps ``conv2d_nchwc``.
+    """
+    return isa.arch == "x86" and isa.vector_bytes in (16, 32, 64)
+
+
+def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Value | None:
+    """Emit an eligible conv2d as Winograd F(2x2, 3x3) when enabled for it; None otherwise.
+
+    Eligible: 3x3 taps, stride 1, dilation 1, ``groups`` 1, float32, a constant weight.  The
+    graph is ``winograd_input_transform`` (of the data blocked by ``ib``) -> ``winograd_matmul``
+    with the weight transformed now (``(16, C, K)``, zero rows / columns for padding lanes of
+    ``ib`` / ``ob``, stored as the target's GEMM panels) -> ``winograd_output_transform`` into
+    blocks of ``ob`` (:mod:`kiln.ir.ops.winograd`).
+    Enabled by :data:`WINOGRAD_ENV` ``1`` / ``0``, else a tuning log's ``winograd`` knob of the
+    ``conv2d_layout`` workload, else :func:`_winograd_default` when :data:`WINOGRAD_ENV` is
+    ``auto`` or :data:`WINOGRAD_BY_DEFAULT` is set.
+    """
+    data, weight = node.inputs
+    a = node.attrs
+    warr = weight.const_value
+    if (warr is None or a["groups"] != 1 or tuple(weight.shape[2:]) != (3, 3) or tuple(a["strides"]) != (1, 1)
+            or tuple(a["dilation"]) != (1, 1) or data.dtype != "float32" or weight.dtype != "float32"):
+        return None
+    k, c = weight.shape[:2]
+    oh, ow = node.outputs[0].shape[2:]
+    if data.type.is_dynamic or node.outputs[0].type.is_dynamic:
+        return None  # the tile count must be static
+    env = os.environ.get(WINOGRAD_ENV, "")
+    if env in ("0", "1"):
+        on = env == "1"
+    else:
+        wl = workload_key("conv2d_layout", data.shape, weight.shape, a.get("strides", ()), a.get("padding", ()),
+                          a.get("dilation", ()), a["groups"], data.dtype)
+        rule = (env == "auto" or WINOGRAD_BY_DEFAULT) and _winograd_default(isa)
+        on = bool(current_config("conv2d_layout", wl, {"winograd": rule})["winograd"])
+    if not on:
+        return None
+    w = np.asarray(warr)
+    # padding lanes of either block get zero weights, as for conv2d_nchwc
+    w = np.pad(w, [(0, -k % ob), (0, -c % ib), (0, 0), (0, 0)])
+    g = bld.g
+    v = g.add("winograd_input_transform", bld.in_block(data, ib), padding=tuple(a["padding"]))
+    # the GEMM operands as the packed matmul kernel's column panels, made once here
+    bn = dense_panel_width(isa, "float32", w.shape[0])
+    m = g.add("winograd_matmul", v, g.add_constant(winograd_panels(winograd_weight(w), bn)), units=w.shape[0])
+    return g.add("winograd_output_transform", m, out_height=oh, out_width=ow, block=ob, name=node.name)
+
+
 def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
     """Rewrite conv2d chains into the blocked layout (see the module docstring).
 
@@ -367,6 +448,10 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
                 bld.copy(node)
                 continue
             ib, ob = plan
+            wino = _winograd_conv(node, bld, ib, ob, isa) if warr is not None else None
+            if wino is not None:
+                bld.blocked[node.outputs[0]] = (wino, ob)
+                continue
             dw = node.attrs["groups"] != 1 and weight.shape[1] == 1 and node.attrs["groups"] == data.shape[1]
             wlayout = f"OIHW1i{ob}o" if dw else f"OIHW{ib}i{ob}o"
             attrs = {k: node.attrs[k] for k in ("strides", "padding", "dilation", "groups")}

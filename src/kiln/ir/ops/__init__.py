@@ -10,6 +10,7 @@ from . import dynamic  # noqa: F401  (data-dependent output extents: nonzero, un
 from . import ml  # noqa: F401  (constant-table kernels: ngram_count, tree_ensemble)
 from . import control  # noqa: F401  (runtime if / loop, run by the executor)
 from . import strings  # noqa: F401  (string ops, run by the executor as host ops)
+from . import winograd  # noqa: F401  (Winograd F(2x2,3x3): input / output transforms, GEMMs)
 from .reduce import normalize_axes
 from .transform import normalize_slice
 from .nn import resize_source_coord

@@ -1,0 +1,188 @@
+"""Winograd F(2x2, 3x3) transform ops: ``winograd_input_transform``, ``winograd_output_transform``.
+
+A 3x3 stride-1 convolution of blocked data (``NCHW[ib]c``) runs as three ops, emitted by
+:mod:`kiln.transform.alter_layout` when it measured faster than ``conv2d_nchwc``:
+
+1. ``winograd_input_transform``: every 4x4 input patch ``d`` of a 2x2 output tile (tiles at a
+   stride of 2, zero padding around the image) becomes ``V = B^T d B``, stored as
+   ``(16, T, C)`` with ``T = N * ceil(OH / 2) * ceil(OW / 2)`` tiles (row-major over
+   ``(n, ty, tx)``) and the channels contiguous;
+2. ``winograd_matmul`` of ``V`` and the weight transformed at build time, ``U = G g G^T``
+   (:func:`winograd_weight`, ``(16, C, K)``) stored as the column panels the CPU GEMM kernel
+   reads (:func:`winograd_panels`): 16 independent GEMMs ``M[p] = V[p] @ U[p]``.  (The
+   ``matmul`` op would repack its constant operand on every call: 16 MiB per call for
+   512 channels, where a 7x7 map has only 16 tiles of rows to spread it over);
+3. ``winograd_output_transform``: ``Y = A^T M A`` per tile into the blocked output
+   ``(N, K/ob, OH, OW, ob)``; tiles past an odd border drop their extra row / column.  It is
+   ``OUT_ELEMWISE_FUSABLE``, so the conv's epilogue (bias, activation, residual add) still
+   runs inside its kernel.
+
+The matrices are Lavin & Gray's (arXiv:1509.09308).  This module owns them (the NumPy
+references and the computes in :mod:`kiln.topi.nn.winograd` both read them from here); it
+must not import topi, transforms or code generators.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...runtime.errors import InputError
+from ..op import OpPattern, REQUIRED, register_op
+from ..types import TensorType
+from ._util import Attrs, require_ndim
+from .layout import layout_to_primal, primal_to_layout
+
+__all__ = ["WINOGRAD_BT", "WINOGRAD_G", "WINOGRAD_AT", "winograd_tiles", "winograd_weight", "winograd_panels"]
+
+#: Input transform ``B^T`` (4x4): ``V = B^T d B``.
+WINOGRAD_BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64)
+#: Weight transform ``G`` (4x3): ``U = G g G^T``.
+WINOGRAD_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64)
+#: Output transform ``A^T`` (2x4): ``Y = A^T M A``.
+WINOGRAD_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)
+
+
+def winograd_tiles(out_h: int, out_w: int) -> tuple[int, int]:
+    """Tiles ``(ceil(OH / 2), ceil(OW / 2))`` of an ``OH x OW`` output."""
+    return -(-out_h // 2), -(-out_w // 2)
+
+
+def winograd_weight(weight: np.ndarray) -> np.ndarray:
+    """NumPy: a ``(K, C, 3, 3)`` conv weight as the ``(16, C, K)`` GEMM operands ``G g G^T``.
+
+    Parameters
+    ----------
+    weight : numpy.ndarray
+        OIHW weight with 3x3 taps.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``U[a * 4 + b, c, k] = (G g[k, c] G^T)[a, b]`` in the weight's dtype (computed in float64).
+    """
+    w = np.asarray(weight)
+    if w.ndim != 4 or w.shape[2:] != (3, 3):
+        raise InputError(f"winograd_weight needs a (K, C, 3, 3) weight, got {w.shape}")
+    u = np.einsum("ar,kcrs,bs->abck", WINOGRAD_G, w.astype(np.float64), WINOGRAD_G)
+    return np.ascontiguousarray(u.reshape(16, w.shape[1], w.shape[0]).astype(w.dtype))
+
+
+def winograd_panels(u: np.ndarray, bn: int) -> np.ndarray:
+    """NumPy: ``(16, C, K)`` GEMM operands as ``(16, ceil(K / bn), C, bn)`` column panels,
+    zero-padded in ``K`` (the layout the packed matmul kernels read, built once at build time)."""
+    p, c, k = u.shape
+    u = np.pad(u, [(0, 0), (0, 0), (0, -k % bn)])
+    return np.ascontiguousarray(u.reshape(p, c, -1, bn).transpose(0, 2, 1, 3))
+
+
+def _check_padding(pad: tuple[int, ...]) -> tuple[int, int, int, int]:
+    if len(pad) != 4 or min(pad) < 0:
+        raise InputError(f"padding must be 4 non-negative values (top, left, bottom, right), got {pad}")
+    pt, pl, pb, pr = (int(p) for p in pad)
+    return pt, pl, pb, pr
+
+
+def _in_out_size(shape: tuple[int, ...], pad: tuple[int, ...]) -> tuple[int, int]:
+    """Output size ``(OH, OW)`` of the 3x3 stride-1 convolution of ``NCHW[b]c`` data."""
+    pt, pl, pb, pr = _check_padding(pad)
+    oh, ow = shape[2] + pt + pb - 2, shape[3] + pl + pr - 2
+    if oh < 1 or ow < 1:
+        raise InputError(f"3x3 window does not fit data {shape} with padding {pad}")
+    return oh, ow
+
+
+# ----------------------------------------------------------------------------- input transform
+def _in_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
+    (x,) = ts
+    require_ndim(x, 5, "data (NCHW[x]c)")
+    oh, ow = _in_out_size(x.shape, attrs["padding"])
+    th, tw = winograd_tiles(oh, ow)
+    return [TensorType((16, x.shape[0] * th * tw, x.shape[1] * x.shape[4]), x.dtype)]
+
+
+def _in_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    x = xs[0]
+    pt, pl, pb, pr = _check_padding(attrs["padding"])
+    oh, ow = _in_out_size(x.shape, attrs["padding"])
+    th, tw = winograd_tiles(oh, ow)
+    d = layout_to_primal(x, f"NCHW{x.shape[4]}c").astype(np.float64)
+    n, c, h, w = d.shape
+    # pad so that every tile's 4x4 patch is inside (the last tile of an odd size reads zeros)
+    d = np.pad(d, [(0, 0), (0, 0), (pt, 2 * th + 2 - h - pt), (pl, 2 * tw + 2 - w - pl)])
+    patches = np.empty((n, th, tw, 4, 4, c))
+    for r in range(4):
+        for s in range(4):
+            patches[:, :, :, r, s, :] = d[:, :, r:r + 2 * th:2, s:s + 2 * tw:2].transpose(0, 2, 3, 1)
+    v = np.einsum("ar,ntxrsc,bs->abntxc", WINOGRAD_BT, patches, WINOGRAD_BT)
+    return [np.ascontiguousarray(v.reshape(16, n * th * tw, c).astype(x.dtype))]
+
+
+register_op(
+    "winograd_input_transform", attrs={"padding": ("ints", (0, 0, 0, 0))},
+    # OPAQUE: its own schedule, and an elementwise producer (the previous conv's ReLU) must
+    # stay in that conv's kernel instead of being recomputed here for every tile
+    type_rel=_in_rel, pattern=OpPattern.OPAQUE, ref=_in_ref, num_inputs=1, inputs=("data",),
+    doc="Winograd F(2x2,3x3) input transform: NCHW[b]c data (3x3 stride-1 window, padding) -> "
+        "V = B^T d B per 2x2 output tile, (16, tiles, C)")
+
+
+# ----------------------------------------------------------------------------- output transform
+def _out_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
+    (m,) = ts
+    require_ndim(m, 3, "M (16, tiles, K)")
+    oh, ow, ob = attrs["out_height"], attrs["out_width"], attrs["block"]
+    if oh < 1 or ow < 1 or ob < 1:
+        raise InputError(f"out_height, out_width and block must be positive, got {oh}, {ow}, {ob}")
+    th, tw = winograd_tiles(oh, ow)
+    p, t, k = m.shape
+    if p != 16 or t % (th * tw) or k % ob:
+        raise InputError(f"M {m.shape} does not match a {oh}x{ow} output in blocks of {ob}: expected "
+                         f"(16, N * {th * tw}, a multiple of {ob})")
+    return [TensorType((t // (th * tw), k // ob, oh, ow, ob), m.dtype)]
+
+
+def _out_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    m = xs[0]
+    oh, ow, ob = attrs["out_height"], attrs["out_width"], attrs["block"]
+    th, tw = winograd_tiles(oh, ow)
+    k = m.shape[2]
+    mm = m.astype(np.float64).reshape(4, 4, -1, th, tw, k)
+    y = np.einsum("ia,abntxk,jb->nktixj", WINOGRAD_AT, mm, WINOGRAD_AT)
+    y = y.reshape(y.shape[0], k, 2 * th, 2 * tw)[:, :, :oh, :ow]
+    return [primal_to_layout(np.ascontiguousarray(y.astype(m.dtype)), "NCHW", f"NCHW{ob}c")]
+
+
+register_op(
+    "winograd_output_transform",
+    attrs={"out_height": ("int", REQUIRED), "out_width": ("int", REQUIRED), "block": ("int", REQUIRED)},
+    type_rel=_out_rel, pattern=OpPattern.OUT_ELEMWISE_FUSABLE, ref=_out_ref, num_inputs=1, inputs=("m",),
+    doc="Winograd F(2x2,3x3) output transform: M (16, tiles, K) -> Y = A^T M A per tile, blocked "
+        "output (N, K/block, out_height, out_width, block)")
+
+
+# ----------------------------------------------------------------------------- GEMMs
+def _mm_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
+    v, u = ts
+    require_ndim(v, 3, "V (16, tiles, C)")
+    require_ndim(u, 4, "U panels (16, K/bn, C, bn)")
+    units = attrs["units"]
+    if v.shape[0] != 16 or u.shape[0] != 16 or u.shape[2] != v.shape[2] or not 0 < units <= u.shape[1] * u.shape[3] \
+            or units <= (u.shape[1] - 1) * u.shape[3]:
+        raise InputError(f"winograd_matmul: V {v.shape} and panels {u.shape} do not match units={units}")
+    if v.dtype != u.dtype:
+        raise InputError(f"winograd_matmul: dtypes differ ({v.dtype}, {u.dtype})")
+    return [TensorType((16, v.shape[1], units), v.dtype)]
+
+
+def _mm_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    v, u = xs
+    p, npan, c, bn = u.shape
+    full = u.transpose(0, 2, 1, 3).reshape(p, c, npan * bn)[:, :, :attrs["units"]]
+    return [np.matmul(v.astype(np.float64), full.astype(np.float64)).astype(v.dtype)]
+
+
+register_op(
+    "winograd_matmul", attrs={"units": ("int", REQUIRED)},
+    type_rel=_mm_rel, pattern=OpPattern.OUT_ELEMWISE_FUSABLE, ref=_mm_ref, num_inputs=2, inputs=("v", "panels"),
+    doc="the 16 GEMMs of Winograd F(2x2,3x3): V (16, tiles, C) x U stored as column panels "
+        "(16, ceil(units/bn), C, bn) -> M (16, tiles, units)")

@@ -1,0 +1,192 @@
+"""Computes of the Winograd F(2x2, 3x3) transforms (ops in :mod:`kiln.ir.ops.winograd`).
+
+``winograd_input_transform``: ``V[p, t, c]`` with ``p = 4a + b`` the transform coefficient,
+``t`` the tile and ``c`` the channel (``cb * ib + lane`` of the blocked data, so a vector of
+``c`` is a contiguous block of the input).  The data is first copied into a zero-padded buffer
+that covers every tile's 4x4 patch (the last row / column of tiles of an odd output reads
+past the image), so the transform itself has no bounds checks.
+
+``winograd_output_transform``: output pixel ``(y, x)`` of block ``kb`` is entry
+``(y % 2, x % 2)`` of ``A^T M A`` of tile ``(y // 2, x // 2)``.
+
+Both write the 16 (or 4) expressions of one tile as a chain of selects on the coefficient
+index; the schedules (:mod:`kiln.topi.schedule.x86_winograd`) unroll that index, so every
+select folds to one expression of a few adds.  The matrices have entries 0 and +-1 only
+(``B^T``, ``A^T``), so each expression is written with additions and subtractions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ... import te
+from ...ir.ops.winograd import WINOGRAD_AT, WINOGRAD_BT, winograd_tiles
+from ..registry import register_compute
+from ..transform import pad_compute
+from ..util import TAG_ELEMWISE, acc_dtype
+from .dense import TAG_MATMUL
+
+__all__ = ["winograd_input_transform", "winograd_output_transform", "winograd_matmul", "TAG_WINOGRAD_IN",
+           "TAG_WINOGRAD_OUT", "TAG_WINOGRAD_PAD"]
+
+TAG_WINOGRAD_IN = "winograd_input_transform"
+TAG_WINOGRAD_OUT = "winograd_output_transform"
+TAG_WINOGRAD_PAD = "winograd_pad"
+
+
+def _combine(coefs: np.ndarray, terms: list[Any]) -> Any:
+    """``sum(coefs[i] * terms[i])`` for coefficients in {-1, 0, 1}, as adds and subtractions."""
+    out: Any = None
+    for c, t in zip(coefs, terms):
+        if c == 0:
+            continue
+        if out is None:
+            out = t if c > 0 else -t
+        else:
+            out = out + t if c > 0 else out - t
+    return out
+
+
+def _select(index: Any, exprs: list[Any]) -> Any:
+    """``exprs[index]`` as nested selects (folded once ``index`` is an unrolled constant)."""
+    out = exprs[-1]
+    for i in range(len(exprs) - 2, -1, -1):
+        out = te.if_then_else(te.equal(index, i), exprs[i], out)
+    return out
+
+
+def _sandwich(left: np.ndarray, right: np.ndarray, at: Callable[[int, int], Any]) -> list[list[Any]]:
+    """Entries of ``left @ X @ right.T`` where ``X[r][s] = at(r, s)``, the row pass shared."""
+    rows = [[_combine(left[a], [at(r, s) for r in range(left.shape[1])]) for s in range(right.shape[1])]
+            for a in range(left.shape[0])]
+    return [[_combine(right[b], rows[a]) for b in range(right.shape[0])] for a in range(left.shape[0])]
+
+
+def winograd_input_transform(data: te.Tensor, padding: tuple[int, int, int, int]) -> te.Tensor:
+    """``V = B^T d B`` of every 2x2 output tile of a 3x3 stride-1 convolution.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        ``(N, C/ib, H, W, ib)``.
+    padding : (top, left, bottom, right)
+        The convolution's zero padding.
+
+    Returns
+    -------
+    te.Tensor
+        ``(16, N * TH * TW, C)`` with ``TH, TW = ceil(OH / 2), ceil(OW / 2)``.
+    """
+    n, cb, h, w, ib = (int(v) for v in data.shape)
+    pt, pl, pb, pr = padding
+    th, tw = winograd_tiles(h + pt + pb - 2, w + pl + pr - 2)
+    # every patch inside: rows up to 2 * TH + 2 (>= H + pt + pb)
+    below, right = 2 * th + 2 - h - pt, 2 * tw + 2 - w - pl
+    dp = pad_compute(data, [(0, 0), (0, 0), (pt, below), (pl, right), (0, 0)], "constant", 0.0,
+                     name="winograd_pad", tag=TAG_WINOGRAD_PAD)
+    per_image = th * tw
+
+    def body(p: Any, t: Any, c: Any) -> Any:
+        b = te.floordiv(t, per_image)
+        rem = te.floormod(t, per_image)
+        y0 = te.floordiv(rem, tw) * 2
+        x0 = te.floormod(rem, tw) * 2
+        cblk, lane = te.floordiv(c, ib), te.floormod(c, ib)
+        v = _sandwich(WINOGRAD_BT, WINOGRAD_BT, lambda r, s: dp[b, cblk, y0 + r, x0 + s, lane])
+        return _select(p, [v[a][bb] for a in range(4) for bb in range(4)])
+
+    out = te.compute((16, n * per_image, cb * ib), body, name="winograd_input_transform", tag=TAG_WINOGRAD_IN)
+    assert isinstance(out, te.Tensor)  # one output
+    return out
+
+
+def winograd_output_transform(m: te.Tensor, out_height: int, out_width: int, block: int) -> te.Tensor:
+    """``Y = A^T M A`` per tile, into the blocked output.
+
+    Parameters
+    ----------
+    m : te.Tensor
+        ``(16, N * TH * TW, K)``: the 16 GEMM products.
+    out_height, out_width : int
+        ``OH, OW`` of the convolution (a last tile of an odd size drops its extra row / column).
+    block : int
+        Output channel block ``ob`` (divides ``K``).
+
+    Returns
+    -------
+    te.Tensor
+        ``(N, K / ob, OH, OW, ob)``.
+    """
+    _, t, k = (int(v) for v in m.shape)
+    th, tw = winograd_tiles(out_height, out_width)
+    n = t // (th * tw)
+
+    def body(b: Any, kb: Any, y: Any, x: Any, kc: Any) -> Any:
+        tile = (b * th + te.floordiv(y, 2)) * tw + te.floordiv(x, 2)
+        ch = kb * block + kc
+        yv = _sandwich(WINOGRAD_AT, WINOGRAD_AT, lambda a, bb: m[a * 4 + bb, tile, ch])
+        i, j = te.floormod(y, 2), te.floormod(x, 2)
+        return te.if_then_else(te.equal(i, 0), _select(j, yv[0]), _select(j, yv[1]))
+
+    out = te.compute((n, k // block, out_height, out_width, block), body, name="winograd_output_transform",
+                     tag=TAG_WINOGRAD_OUT)
+    assert isinstance(out, te.Tensor)  # one output
+    return out
+
+
+def winograd_matmul(v: te.Tensor, panels: te.Tensor, units: int) -> te.Tensor:
+    """``M[p] = V[p] @ U[p]`` with ``U`` packed at build time as column panels.
+
+    The product is the packed ``matmul`` of :mod:`kiln.topi.nn.dense` (same tag and attributes,
+    so the x86 GEMM schedule tiles it: a column tile is one panel) with the panels read
+    directly instead of through a per-call pack stage.
+
+    Parameters
+    ----------
+    v : te.Tensor
+        ``(16, T, C)``.
+    panels : te.Tensor
+        ``(16, ceil(K / bn), C, bn)`` (:func:`kiln.ir.ops.winograd.winograd_panels`).
+    units : int
+        ``K``.
+
+    Returns
+    -------
+    te.Tensor
+        ``(16, T, K)``.
+    """
+    p, t, c = (int(d) for d in v.shape)
+    bn = int(panels.shape[3])
+    acc = acc_dtype(v.dtype)
+    r = te.reduce_axis((0, c), name="k")
+    out = te.compute((p, t, units),
+                     lambda q, i, j: te.sum(te.cast(v[q, i, r], acc)
+                                            * te.cast(panels[q, te.floordiv(j, bn), r, te.floormod(j, bn)], acc),
+                                            axis=r),
+                     name="matmul", tag=TAG_MATMUL,
+                     # no "workload": the tuner has no task kind for these GEMMs (it would
+                     # extract them as plain matmuls, which it cannot build); default tiles
+                     attrs={"packed": True, "bn": bn})
+    assert isinstance(out, te.Tensor)
+    res = te.compute(out.shape, lambda *i: te.cast(out[i], v.dtype), name="matmul_out", tag=TAG_ELEMWISE)
+    assert isinstance(res, te.Tensor)
+    return res
+
+
+@register_compute("winograd_matmul")
+def _winograd_matmul(attrs: dict, inputs: list, out_types: list) -> list:
+    return [winograd_matmul(inputs[0], inputs[1], int(attrs["units"]))]
+
+
+@register_compute("winograd_input_transform")
+def _winograd_input_transform(attrs: dict, inputs: list, out_types: list) -> list:
+    pt, pl, pb, pr = (int(v) for v in attrs["padding"])
+    return [winograd_input_transform(inputs[0], (pt, pl, pb, pr))]
+
+
+@register_compute("winograd_output_transform")
+def _winograd_output_transform(attrs: dict, inputs: list, out_types: list) -> list:
+    return [winograd_output_transform(inputs[0], int(attrs["out_height"]), int(attrs["out_width"]),
+                                      int(attrs["block"]))]

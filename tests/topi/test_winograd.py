@@ -1,0 +1,228 @@
+"""Winograd F(2x2, 3x3): the transform ops' NumPy references against a direct convolution, the
+compiled path (``c`` and ``llvm``) against ``kiln.ir.evaluate`` of the original conv at odd and
+even sizes with fused epilogues, and where :mod:`kiln.transform.alter_layout` picks it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.driver.build import optimize
+from kiln.ir import Graph, evaluate, get_op
+from kiln.ir.ops.layout import layout_to_primal, primal_to_layout
+from kiln.ir.ops.winograd import winograd_panels, winograd_weight
+from kiln.runtime.errors import InputError
+from kiln.transform.alter_layout import WINOGRAD_BY_DEFAULT, WINOGRAD_ENV, _winograd_default
+from kiln.target import isa_of
+from tests.topi.harness import Case, case_params, module_builder, run_and_check
+
+F32 = "float32"
+
+#: The three kernels through the op harness (every registered compute is run by one:
+#: ``tests/topi/test_registry.py``): 7x9 output (border tiles), blocks of 8, K of 24 in panels
+#: of 16 (a padded panel).
+CASES: list[Case] = [
+    Case("winograd_input_transform", [((1, 2, 7, 9, 8), F32)], {"padding": (1, 1, 1, 1)}),
+    Case("winograd_input_transform", [((2, 1, 6, 5, 4), F32)], {"padding": (0, 1, 2, 0)}),
+    Case("winograd_matmul", [((16, 20, 16), F32), ((16, 2, 16, 16), F32)], {"units": 24}),
+    Case("winograd_output_transform", [((16, 20, 16), F32)], {"out_height": 7, "out_width": 9, "block": 8}),
+]
+
+get_module = module_builder(CASES, "winograd")
+
+
+@pytest.mark.parametrize("target,idx", case_params(CASES))
+def test_winograd_kernels(target: str, idx: int) -> None:
+    mod, built = get_module(target)
+    run_and_check(mod, built[idx])
+
+
+def _direct(x: np.ndarray, w: np.ndarray, pad: tuple[int, int, int, int]) -> np.ndarray:
+    """Direct 3x3 stride-1 convolution in float64, NCHW / OIHW."""
+    pt, pl, pb, pr = pad
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (pt, pb), (pl, pr)])
+    oh, ow = xp.shape[2] - 2, xp.shape[3] - 2
+    out = np.zeros((x.shape[0], w.shape[0], oh, ow))
+    for r in range(3):
+        for s in range(3):
+            out += np.einsum("nchw,kc->nkhw", xp[:, :, r:r + oh, s:s + ow], w[:, :, r, s].astype(np.float64))
+    return out
+
+
+@pytest.mark.parametrize("n,c,k,h,w,ib,ob,pad", [
+    (1, 16, 16, 7, 7, 8, 8, (1, 1, 1, 1)),     # odd: the last tile row / column is cut
+    (2, 8, 24, 14, 14, 8, 8, (1, 1, 1, 1)),    # even, batch 2
+    (1, 12, 20, 9, 13, 4, 4, (1, 1, 1, 1)),    # odd and even sides, small blocks
+    (1, 4, 8, 3, 3, 4, 8, (0, 0, 0, 0)),       # one 1x1 output: one tile, three quarters dropped
+    (1, 8, 8, 6, 5, 8, 8, (0, 1, 2, 0)),       # asymmetric padding
+])
+def test_references_match_direct_conv(n: int, c: int, k: int, h: int, w: int, ib: int, ob: int,
+                                      pad: tuple[int, int, int, int]) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, c, h, w)).astype(F32)
+    wt = rng.standard_normal((k, c, 3, 3)).astype(F32)
+    want = _direct(x, wt, pad)
+    oh, ow = want.shape[2:]
+    v = get_op("winograd_input_transform").ref([primal_to_layout(x, "NCHW", f"NCHW{ib}c")], {"padding": pad})[0]
+    u = winograd_weight(wt)
+    m = np.matmul(v.astype(np.float64), u.astype(np.float64)).astype(F32)
+    # the GEMM op on build-time panels (8 wide: K = 20 and 24 leave a partial last panel)
+    mp = get_op("winograd_matmul").ref([v, winograd_panels(u, 8)], {"units": k})[0]
+    np.testing.assert_allclose(mp, m, rtol=1e-5, atol=1e-5)
+    y = get_op("winograd_output_transform").ref([m], {"out_height": oh, "out_width": ow, "block": ob})[0]
+    np.testing.assert_allclose(layout_to_primal(y, f"NCHW{ob}c"), want, rtol=1e-4, atol=1e-4)
+
+
+def test_type_errors() -> None:
+    g = Graph()
+    m = g.add_input("m", (16, 10, 16))
+    with pytest.raises(InputError):  # 10 tiles are no whole number of 3x3-tile images
+        g.add("winograd_output_transform", m, out_height=5, out_width=5, block=8)
+    with pytest.raises(InputError):  # the 3x3 window does not fit
+        g.add("winograd_input_transform", g.add_input("x", (1, 1, 1, 2, 8)))
+
+
+#: (C, K, H, W, padding, epilogue): the compiled cases, all in one graph per target (compiling
+#: dominates the test time).  C / K 12, 20, 40 are not multiples of the blocks (padded lanes).
+_CASES: list[tuple[int, int, int, int, tuple[int, int, int, int], str]] = [
+    (16, 16, 7, 7, (1, 1, 1, 1), "bias_relu"),
+    (32, 32, 14, 14, (1, 1, 1, 1), "residual"),
+    (12, 20, 9, 13, (1, 1, 1, 1), "bias_relu"),
+    (16, 40, 2, 2, (1, 1, 1, 1), "residual"),    # one tile
+    (24, 16, 3, 3, (0, 0, 0, 0), "none"),        # one tile of which one pixel is kept
+]
+
+
+def _case_graph(rng: np.random.Generator) -> tuple[Graph, dict[str, np.ndarray]]:
+    g = Graph()
+    outs = []
+    feeds = {}
+    for i, (c, k, h, w, pad, epi) in enumerate(_CASES):
+        x = g.add_input(f"x{i}", (1, c, h, w))
+        feeds[f"x{i}"] = rng.standard_normal((1, c, h, w)).astype(F32)
+        wt = g.add_constant((rng.standard_normal((k, c, 3, 3)) * 0.2).astype(F32))
+        y = g.add("conv2d", x, wt, padding=pad)
+        if epi == "bias_relu":
+            y = g.add("relu", g.add("bias_add", y, g.add_constant(rng.standard_normal(k).astype(F32))))
+        elif epi == "residual":
+            # conv -> conv + residual add (the second conv's input arrives blocked)
+            y1 = g.add("relu", y)
+            w2 = g.add_constant((rng.standard_normal((k, k, 3, 3)) * 0.2).astype(F32))
+            y = g.add("relu", g.add("add", g.add("conv2d", y1, w2, padding=(1, 1, 1, 1)), y1))
+        outs.append(y)
+    g.outputs = outs
+    return g, feeds
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_compiled_against_evaluate(target: str, monkeypatch: Any) -> None:
+    monkeypatch.setenv(WINOGRAD_ENV, "1")
+    rng = np.random.default_rng(1)
+    g, feeds = _case_graph(rng)
+    ops = optimize(g, {}).op_counts()
+    n_convs = len(_CASES) + sum(1 for case in _CASES if case[5] == "residual")
+    assert ops.get("winograd_input_transform") == n_convs and ops.get("winograd_output_transform") == n_convs
+    assert "conv2d_nchwc" not in ops and "conv2d" not in ops
+    want = evaluate(g, feeds)
+    lib = kiln.build(g, target=target)
+    gm = kiln.GraphModule(lib["default"](kiln.cpu()))
+    gm.set_input(**feeds)
+    gm.run()
+    for i, ref in enumerate(want):
+        np.testing.assert_allclose(gm.get_output(i).numpy(), ref, rtol=1e-4, atol=1e-4, err_msg=str(_CASES[i]))
+
+
+def _conv_graph(c: int, k: int, hw: int, **attrs: Any) -> Graph:
+    g = Graph()
+    x = g.add_input("x", (1, c, hw, hw))
+    kh = 1 if attrs.pop("k1", False) else 3
+    cg = c // attrs.get("groups", 1)
+    w = g.add_constant((np.random.default_rng(2).standard_normal((k, cg, kh, kh)) * 0.1).astype(F32))
+    g.outputs = [g.add("relu", g.add("conv2d", x, w, **attrs))]
+    return g
+
+
+#: A target whose ISA (AVX-512) the measured rule covers, whatever the host.
+_SKX = "llvm -mcpu=skylake-avx512"
+
+
+def test_pass_picks_winograd_where_enabled(monkeypatch: Any) -> None:
+    monkeypatch.delenv(WINOGRAD_ENV, raising=False)
+    wino = "winograd_input_transform"
+    # unset: the measured rule only when it is the default
+    ops = optimize(_conv_graph(64, 64, 56, padding=(1, 1, 1, 1)), {}, target=_SKX).op_counts()
+    assert (wino in ops) == WINOGRAD_BY_DEFAULT
+    # the measured rule: ResNet's 3x3 layers on AVX-512, AVX2 and SSE2
+    monkeypatch.setenv(WINOGRAD_ENV, "auto")
+    for target in (_SKX, "llvm -mcpu=haswell", "llvm"):
+        assert _winograd_default(isa_of(target))
+        for c, k, hw in ((64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7)):
+            ops = optimize(_conv_graph(c, k, hw, padding=(1, 1, 1, 1)), {}, target=target).op_counts()
+            assert wino in ops and "conv2d_nchwc" not in ops, (target, c, k, hw, ops)
+    # NEON was not measured: the rule keeps conv2d_nchwc there
+    assert not _winograd_default(isa_of("llvm -mtriple=aarch64-linux-gnu -mattr=+neon"))
+    # forced on: still never for stride 2, a 1x1, a grouped or a dilated conv
+    monkeypatch.setenv(WINOGRAD_ENV, "1")
+    for attrs in ({"strides": (2, 2), "padding": (1, 1, 1, 1)}, {"k1": True}, {"groups": 4, "padding": (1, 1, 1, 1)},
+                  {"dilation": (2, 2), "padding": (2, 2, 2, 2)}):
+        ops = optimize(_conv_graph(32, 32, 14, **attrs), {}).op_counts()
+        assert wino not in ops and "conv2d_nchwc" in ops, (attrs, ops)
+    assert wino in optimize(_conv_graph(32, 32, 14, padding=(1, 1, 1, 1)), {}).op_counts()
+    # forced off
+    monkeypatch.setenv(WINOGRAD_ENV, "0")
+    assert wino not in optimize(_conv_graph(64, 64, 56, padding=(1, 1, 1, 1)), {}, target=_SKX).op_counts()
+
+
+def _bench_layers(shapes: list[tuple[int, int, int]], target: str) -> None:
+    """Per-layer A/B, ``conv2d_nchwc`` (A) against Winograd (B): a 3x3 pad-1 ``conv2d`` + bias +
+    ReLU on ``(1, C, HW, HW)``, its kernels' times summed (the debug executor's per-node
+    profile, the edge ``layout_transform`` s left out), medians of 7 interleaved rounds."""
+    import os
+    import statistics
+
+    from kiln.runtime.debug_executor import GraphModuleDebug
+
+    def build(c: int, k: int, hw: int, wino: str) -> tuple[Any, np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(0)
+        g = Graph()
+        x = g.add_input("x", (1, c, hw, hw))
+        y = g.add("conv2d", x, g.add_constant((rng.standard_normal((k, c, 3, 3)) * 0.05).astype(F32)),
+                  padding=(1, 1, 1, 1))
+        g.outputs = [g.add("relu", g.add("bias_add", y, g.add_constant(rng.standard_normal(k).astype(F32))))]
+        os.environ[WINOGRAD_ENV] = wino
+        mod = GraphModuleDebug(kiln.build(g, target=target)["default"](kiln.cpu()))
+        xv = rng.standard_normal((1, c, hw, hw)).astype(F32)
+        mod.set_input(x=xv)
+        mod.run()
+        return mod, mod.get_output(0).numpy(), evaluate(g, {"x": xv})[0]
+
+    def kernels_us(mod: Any) -> float:
+        return sum(r.time_us for r in mod.profile(number=20, repeat=1) if "layout_transform" not in r.func_name)
+
+    for c, k, hw in shapes:
+        ma, _, _ = build(c, k, hw, "0")
+        mb, got, want = build(c, k, hw, "1")
+        times: tuple[list[float], list[float]] = ([], [])
+        for r in range(7):
+            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+                times[which].append(kernels_us((ma, mb)[which]))
+        a, b = statistics.median(times[0]), statistics.median(times[1])
+        gflops = 2 * 9 * c * k * hw * hw / a / 1e3
+        err = np.abs(got - want).max() / np.abs(want).max()
+        print(f"C={c:4d} K={k:4d} {hw:3d}x{hw:<3d} direct {a:8.1f} us ({gflops:4.0f} GFLOP/s)  winograd {b:8.1f} us  "
+              f"B/A {b / a:5.2f}  max rel. error {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    # KILN_NUM_THREADS=1 python -m tests.topi.test_winograd ["llvm -mcpu=native"] [C,K,HW ...]
+    import sys
+
+    _args = sys.argv[1:]
+    _target = _args.pop(0) if _args and not _args[0][0].isdigit() else "llvm -mcpu=native"
+    _shapes = [tuple(int(v) for v in a.split(",")) for a in _args] or [
+        (64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7), (64, 128, 56), (128, 64, 28),
+        (128, 256, 28), (256, 128, 14), (256, 512, 14), (512, 256, 7), (256, 256, 12), (256, 256, 10), (128, 128, 8)]
+    _bench_layers([(s[0], s[1], s[2]) for s in _shapes], _target)
