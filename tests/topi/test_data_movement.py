@@ -161,7 +161,10 @@ def test_padded_pool_window_guard_leaves_the_vector_loop() -> None:
 
 
 @pytest.mark.parametrize("src,dst,shape", [("NCHW32c", "NCHW", (1, 4, 56, 56, 32)),
-                                           ("NCHW", "NCHW16c", (1, 128, 28, 28))])
+                                           ("NCHW", "NCHW16c", (1, 128, 28, 28)),
+                                           # blocked -> blocked: the path the fix is in
+                                           ("NCHW16c", "NCHW8c", (1, 8, 56, 56, 16)),
+                                           ("NCHW8c", "NCHW32c", (1, 8, 28, 28, 8))])
 def test_layout_transform_outer_loop_is_parallel(src: str, dst: str, shape: tuple) -> None:
     """A blocked copy parallelises its fused outer loops (their extent was read from the fused
     IterVar before it had one, so every layout transform ran on one thread)."""

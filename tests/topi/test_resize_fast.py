@@ -99,7 +99,7 @@ def test_deeplab_upsample_takes_the_separable_path() -> None:
         assert vec and all(plan_vector_loop(f, 64) is not None for f in vec), buf.name
 
 
-def test_dynamic_and_downscaled_resizes_keep_the_fused_form() -> None:
+def test_a_downscale_keeps_the_fused_form() -> None:
     (func,) = lower(_graph((1, 21, 28, 28), (14, 14)), "llvm").funcs
     assert not [a for a in _walk(func.body, Allocate) if a.buffer.name.startswith("resize2d_rows")]
 
