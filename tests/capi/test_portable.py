@@ -20,6 +20,9 @@ pytestmark = pytest.mark.skipif(cpu_features.machine_arch(platform.machine()) !=
                                 reason="x86-64 levels are built and run on an x86-64 host")
 
 LEVELS = ["llvm -mcpu=x86-64-v2", "llvm -mcpu=x86-64-v4", "llvm -mcpu=x86-64-v3"]  # any order
+#: The variants block channels by their vector width, so they sum in different orders, and the
+#: 3x3 convs run as Winograd, whose transforms amplify float32 rounding (~2e-5 seen here).
+_RTOL, _ATOL = 1e-4, 1e-5
 
 
 def _expected_variant(variants) -> str:
@@ -59,7 +62,7 @@ def test_python_picks_the_best_runnable_variant(portable, monkeypatch):
     m = kiln.GraphModule(loaded["default"](kiln.cpu()))
     m.set_input("x", feeds["x"])
     m.run()
-    np.testing.assert_allclose(m.get_output(0).numpy(), ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.get_output(0).numpy(), ref[0], rtol=_RTOL, atol=_ATOL)
     # every variant this CPU can run gives the same answer
     host = cpu_features.host_cpu()[1] or frozenset()
     for v in loaded.variants:
@@ -71,7 +74,7 @@ def test_python_picks_the_best_runnable_variant(portable, monkeypatch):
         m = kiln.GraphModule(loaded["default"](kiln.cpu()))
         m.set_input("x", feeds["x"])
         m.run()
-        np.testing.assert_allclose(m.get_output(0).numpy(), ref[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(m.get_output(0).numpy(), ref[0], rtol=_RTOL, atol=_ATOL)
     monkeypatch.setenv(FORCE_ENV, "nope")
     with pytest.raises(InputError, match="names no variant"):
         loaded["default"](kiln.cpu())
@@ -103,7 +106,7 @@ def test_c_api_picks_the_same_variant(portable):
             assert proc.returncode == 8 and "lacks" in proc.stderr  # KILN_ERR_UNSUPPORTED, not SIGILL
             continue
         assert proc.returncode == 0, proc.stderr
-        np.testing.assert_allclose(_outputs(os.path.join(tmp, "o"), ref)[0], ref[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(_outputs(os.path.join(tmp, "o"), ref)[0], ref[0], rtol=_RTOL, atol=_ATOL)
 
 
 def test_cli_isa_levels(tmp_path, capsys):

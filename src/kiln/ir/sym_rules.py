@@ -570,6 +570,14 @@ def _layout_transform(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]
     return [_sym(dims, outs[0])]
 
 
+@sym_rule("winograd_input_transform", "winograd_matmul", "winograd_output_transform")
+def _winograd(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
+    # the layout pass only makes them for static shapes: the tile count is compiled in
+    for t in ts:
+        _all_static(t, "a Winograd convolution's operand")
+    return [_sym(outs[0].shape, outs[0])]
+
+
 @sym_rule("grid_sample")
 def _grid_sample(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
     data, grid = ts
