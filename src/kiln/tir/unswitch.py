@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from functools import reduce
 
-from typing import Any
+from typing import Any, Callable
 
 from .expr import BinaryOp, Cast, IntImm, Load, PrimExpr, Select, Var, binary, structural_equal
 from .functor import Mutator, collect_vars, post_order_visit, substitute
 from .simplify import simplify, simplify_stmt
-from .stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
+from .stmt import Allocate, Buffer, BufferStore, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
 __all__ = ["unswitch_loops", "partition_tail_tiles", "peel_static_tails"]
 
@@ -165,16 +165,7 @@ def peel_static_tails(s: Stmt) -> Stmt:
                 tail = simplify_stmt(_ReplaceExpr(e, IntImm(r, e.dtype)).stmt(body))
                 body = IfThenElse(binary("eq", e, IntImm(c, e.dtype)), full, tail)
         return s if body is s.body else For(s.loop_var, s.min, s.extent, s.kind, body, s.annotations)
-    if isinstance(s, SeqStmt):
-        return SeqStmt([peel_static_tails(x) for x in s.seq])
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, peel_static_tails(s.then_case),
-                          None if s.else_case is None else peel_static_tails(s.else_case))
-    if isinstance(s, LetStmt):
-        return LetStmt(s.var, s.value, peel_static_tails(s.body))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, peel_static_tails(s.body))
-    return s
+    return _map_children(s, peel_static_tails)
 
 
 def unswitch_loops(s: Stmt) -> Stmt:
@@ -221,17 +212,20 @@ def _unswitch(s: Stmt) -> Stmt:
                 slow = For(s.loop_var, s.min, s.extent, s.kind, body, ann)
                 return IfThenElse(reduce(lambda a, b: binary("and", a, b), conds), fast, slow)
         return For(s.loop_var, s.min, s.extent, s.kind, body, ann)
+    return _map_children(s, _unswitch)
+
+
+def _map_children(s: Stmt, fn: Callable[[Stmt], Stmt]) -> Stmt:
+    """``s`` rebuilt with ``fn`` applied to the statements it holds (not a For: each pass
+    handles its loops itself); leaves (stores, evaluations) as they are."""
     if isinstance(s, SeqStmt):
-        return SeqStmt([_unswitch(x) for x in s.seq])
+        return SeqStmt([fn(x) for x in s.seq])
     if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, _unswitch(s.then_case),
-                          None if s.else_case is None else _unswitch(s.else_case))
+        return IfThenElse(s.cond, fn(s.then_case), None if s.else_case is None else fn(s.else_case))
     if isinstance(s, LetStmt):
-        return LetStmt(s.var, s.value, _unswitch(s.body))
+        return LetStmt(s.var, s.value, fn(s.body))
     if isinstance(s, Allocate):
-        return Allocate(s.buffer, _unswitch(s.body))
-    if isinstance(s, (BufferStore, Evaluate)):
-        return s
+        return Allocate(s.buffer, fn(s.body))
     return s
 
 
@@ -523,13 +517,4 @@ def partition_tail_tiles(s: Stmt) -> Stmt:
         loop = s if body is s.body else For(s.loop_var, s.min, s.extent, s.kind, body, s.annotations)
         out = _partition(loop)
         return loop if out is None else out
-    if isinstance(s, SeqStmt):
-        return SeqStmt([partition_tail_tiles(x) for x in s.seq])
-    if isinstance(s, IfThenElse):
-        return IfThenElse(s.cond, partition_tail_tiles(s.then_case),
-                          None if s.else_case is None else partition_tail_tiles(s.else_case))
-    if isinstance(s, LetStmt):
-        return LetStmt(s.var, s.value, partition_tail_tiles(s.body))
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, partition_tail_tiles(s.body))
-    return s
+    return _map_children(s, partition_tail_tiles)
