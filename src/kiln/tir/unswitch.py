@@ -143,8 +143,9 @@ def peel_static_tails(s: Stmt) -> Stmt:
     tile with the extent ``min(t, E - o*t)``: not a constant, so the vectorized loop over a
     tile's columns falls back to a scalar loop in *every* tile.  The body of ``for o`` becomes
     ``if min(...) == t: body[t] else: body[E % t]``, both with constant extents: a dense with
-    N = 80 in 64-wide panels ran 3136 x 384 x 80 at 122 GFLOP/s, now 247 (N = 64: 274; Zen 5,
-    AVX-512, 1 thread).
+    N = 80 in 64-wide panels ran 3136 x 384 x 80 at 122 GFLOP/s, now 247-252 (N = 64: 265-274;
+    Zen 5, AVX-512, 1 thread; ``python bench/bench_matmul.py --shapes 3136x384x80,3136x384x64
+    --variants const --threads 1``).
     """
     if isinstance(s, For):
         body = peel_static_tails(s.body)

@@ -448,7 +448,7 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
                 bld.copy(node)
                 continue
             ib, ob = plan
-            wino = _winograd_conv(node, bld, ib, ob, isa) if warr is not None else None
+            wino = _winograd_conv(node, bld, ib, ob, isa)
             if wino is not None:
                 bld.blocked[node.outputs[0]] = (wino, ob)
                 continue

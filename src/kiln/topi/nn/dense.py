@@ -72,9 +72,10 @@ def dense_panel_width(isa: ISA, dtype: str = "float32", n: int | None = None) ->
     output columns) that ``bn`` does not divide, the widest whole number of vectors (at least
     two) that divides ``n`` is taken: ConvNeXt-T's N = 96 on AVX-512 packs into two panels of
     48 (a 9 x 48 tile) instead of 64 + a guarded half-empty 64, which ran 3136 x 384 x 96 at 112
-    GFLOP/s against 271 for N = 128 (Zen 5, 1 thread).  Without such a width the panel is
-    halved while it is wider than ``n`` and more than two vectors, so a narrow N still packs
-    into whole panels instead of padding to one wide one.
+    GFLOP/s against 271 for N = 128, now 266 (Zen 5, 1 thread; ``python bench/bench_matmul.py
+    --shapes 3136x384x96,3136x384x128 --variants const --threads 1``).  Without such a width
+    the panel is halved while it is wider than ``n`` and more than two vectors, so a narrow N
+    still packs into whole panels instead of padding to one wide one.
 
     Parameters
     ----------
