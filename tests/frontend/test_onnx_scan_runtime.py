@@ -188,15 +188,20 @@ def test_long_state_only_scan_inside_a_runtime_loop(tmp_path) -> None:
         _check(model, gm, {"M": np.array(m, np.int64), "a0": np.zeros(3, np.float32), "xs": xs})
 
 
-# ----------------------------------------------------------------------------- refused patterns
-def test_refused_reading_a_dynamic_outer_value() -> None:
+def test_body_reading_a_dynamic_outer_value(tmp_path) -> None:
+    """The body reads the whole of ``x`` (dims ``(n, 3)``): the loop body gets ``n`` at run time."""
     body = h.make_graph([h.make_node("ReduceSum", ["x"], ["tot"], keepdims=0),
                          h.make_node("Add", ["s_in", "x_t"], ["a"]), h.make_node("Add", ["a", "tot"], ["s_out"])],
                         "body", [_vi("s_in", [3]), _vi("x_t", [3])], [_vi("s_out", [3])])
     node = h.make_node("Scan", ["s0", "x"], ["s"], body=body, num_scan_inputs=1, name="scan")
     model = _model([node], [_vi("s0", [3]), _vi("x", ["n", 3])], [_vi("s", [3])], opset=11)
-    with pytest.raises(UnsupportedOpError, match=r"scan.*static shapes only.*'x' of dims \('n', 3\)"):
-        kiln.frontend.from_onnx(model, dim_ranges={"n": (1, 16)})
+    gm = _compile(model, tmp_path, dim_ranges={"n": (1, 16)})
+    rng = np.random.default_rng(3)
+    for n in (16, 2, 9, 1, 16):
+        _check(model, gm, {"s0": np.ones(3, np.float32), "x": rng.standard_normal((n, 3)).astype(np.float32)})
+
+
+# ----------------------------------------------------------------------------- refused patterns
 
 
 def test_refused_dynamic_state() -> None:

@@ -97,3 +97,8 @@ def test_expand_builds_the_value_from_any_arithmetic_objects():
     assert sym.expand("b*s", {"b": E("B"), "s": E("S")}).t == "(B*S)"
     assert sym.expand("2*s+1", {"s": E("S")}).t in ("((2*S)+1)", "(1+(2*S))")
     assert sym.expand("b*s+2*s+1", {"b": 3, "s": 5}) == sym.evaluate("b*s+2*s+1", {"b": 3, "s": 5}) == 26
+
+
+def test_dims_symbols() -> None:
+    assert sym.dims_symbols((1, "batch", sym.canonical("(h+1)//2*w"), 3)) == {"batch", "h", "w"}
+    assert sym.dims_symbols((4, 5)) == frozenset()

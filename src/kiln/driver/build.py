@@ -394,6 +394,7 @@ def _compile_control(lowered: LoweredModel, target: Any, mod_name: str, opt_leve
             sub = node.attrs[key].graph
             tag = f"{mod_name}_{c.func_name.strip('_')}{i}_{key.split('_')[0]}"
             g = optimize(sub, None, opt_level, None, disabled, target=target)
+            _keep_used_dims(g)
             low = lower_fused_graph(fuse_ops(g, opt_level=opt_level), target, tag)
             inner_funcs, inner = _compile_control(low, target, tag, opt_level, disabled, depth + 1)
             funcs += low.funcs + inner_funcs
@@ -411,6 +412,21 @@ def _compile_control(lowered: LoweredModel, target: Any, mod_name: str, opt_leve
                 attrs["num_scan"] = str(node.attrs["num_scan"])
         control[i] = (attrs, extra)
     return funcs, control
+
+
+def _keep_used_dims(g: Graph) -> None:
+    """Drop the symbols a subgraph declares (copied from its enclosing graph) but never uses.
+
+    Its graph JSON lists only the symbols of its own entries, all given by the parent executor
+    at run time; an unused data-dependent one of the parent would otherwise claim a kernel of
+    the nested graph decides it.
+    """
+    from ..runtime import sym
+
+    used = {n for v in list(g.inputs) + [o for node in g.nodes for o in node.outputs]
+            for n in sym.dims_symbols(v.type.dims)}
+    g.dim_ranges = {n: r for n, r in g.dim_ranges.items() if n in used}
+    g.data_dims = {n for n in g.data_dims if n in used}
 
 
 def _tuning_context(tuning_log: Any, target: Any) -> Any:

@@ -383,8 +383,7 @@ def _sym_types(opdef: Any, in_types: list[TensorType], attrs: dict[str, Any],
 
     target = attrs.get("sym_shape")
     if target is not None:
-        missing = sorted({n for d in target if isinstance(d, str) for n in _sym.symbols(d)}
-                         - ranges.keys())
+        missing = sorted(_sym.dims_symbols(target) - ranges.keys())
         if missing:
             raise InputError(f"sym_shape {tuple(target)} uses {', '.join(map(repr, missing))} "
                              "which has no declared range")

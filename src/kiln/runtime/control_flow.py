@@ -12,6 +12,12 @@ segments of the sub-executor.
   written into the sub-executor's own memory.
 * **Results** are copied into the parent's output entries: a nested head may be one of its
   arguments or share storage with other entries, so binding it zero copy would be unsafe.
+* **Symbolic dims.** A nested graph with dynamic dims declares the parent's symbols with the
+  same ranges (checked by the reader), so a dynamic argument or head has the same upper-bound
+  storage and padded layout (the data in the sub-box ``[0:a0, 0:a1, ...]``) as the parent entry
+  it pairs with: binding zero copy and copying a whole padded buffer both keep every element in
+  its place. Before a run the node hands the parent's current symbol values to the
+  sub-executor, which re-shapes its entries only when one changed (:mod:`.dynamic_shapes`).
 * A loop keeps its carried values in the parent's output entries: they are initialised from
   the node's initial inputs, the body reads them zero copy, and its results are copied back
   after every iteration (a result that is itself a body argument is snapshotted first, so a
@@ -59,7 +65,9 @@ class _Nested:
         # every argument is bound to a parent entry before a run, so its own memory is never
         # read: skip zero-filling it
         names = [g.nodes[n].name for n in g.arg_nodes]
-        self.ex = GraphExecutor(g, parent.lib, parent.devices, prefilled=names)
+        #: the parent's symbols this graph uses (all but the data-dependent dims it decides itself)
+        self.given = sorted(set(g.dim_ranges) - g.data_dims)
+        self.ex = GraphExecutor(g, parent.lib, parent.devices, prefilled=names, given_dims=self.given)
         for n in names:
             self.ex.mark_set(n)
         #: (nested arg entry, parent entry) of the nested graph's params
@@ -69,6 +77,9 @@ class _Nested:
         self.head_is_arg = [self.ex.alias_root[h] in roots for h in self.head_eids]
 
     def bind(self, parent: "GraphExecutor", pairs: list[tuple[int, int]]) -> None:
+        if self.given:
+            assert parent.dyn is not None and self.ex.dyn is not None  # the reader matched the symbols
+            self.ex.dyn.set_given(parent.dyn.env)
         arrays = self.ex.arrays
         for sub_eid, parent_eid in pairs:
             arr = parent.arrays[parent_eid]

@@ -15,7 +15,7 @@ the same.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from . import sym
 from .errors import InputError
@@ -72,10 +72,13 @@ class DynamicShapes:
         Input name -> entry id of the graph's real inputs.
     sources : dict, optional
         :func:`data_dim_sources` of ``graph``, if the caller has it already.
+    given : collection of str, optional
+        Symbols whose values the caller sets with :meth:`set_given` instead of input shapes
+        (a nested graph of runtime control flow takes them from its parent executor).
     """
 
     def __init__(self, graph: Any, tensors: Sequence[Any], inputs: Mapping[str, int],
-                 sources: Mapping[str, tuple[int, int]] | None = None) -> None:
+                 sources: Mapping[str, tuple[int, int]] | None = None, given: Collection[str] = ()) -> None:
         assert graph.sym_shape is not None
         self.sym_shape: tuple[tuple[int | str, ...], ...] = graph.sym_shape
         self.ranges: dict[str, tuple[int, int]] = dict(graph.dim_ranges)
@@ -87,7 +90,8 @@ class DynamicShapes:
         #: data-dependent symbol -> (entry, dim) whose kernel writes its value
         self.sources = dict(sources) if sources is not None else data_dim_sources(graph)
         plain = {d for e in self.input_names for d in self.sym_shape[e] if isinstance(d, str) and d in self.ranges}
-        unbound = sorted(set(self.ranges) - plain - self.sources.keys())
+        self.given = frozenset(n for n in given if n in self.ranges)
+        unbound = sorted(set(self.ranges) - plain - self.sources.keys() - self.given)
         if unbound:
             raise InputError(
                 f"dynamic dimension(s) {unbound} are not a plain dimension of any input, so no input shape "
@@ -128,6 +132,17 @@ class DynamicShapes:
             self.env[name] = value
         if self.env != self._applied:
             self.apply()
+
+    def set_given(self, values: Mapping[str, int]) -> None:
+        """Take the values of the :attr:`given` symbols (every one of them) from ``values``.
+
+        The caller checked them against the same ranges; the next :meth:`prepare` re-shapes the
+        entries only when a value changed.
+        """
+        for name in self.given:
+            if self.env[name] != values[name]:
+                self.env[name] = int(values[name])
+                self._dirty = True
 
     def is_dynamic(self, eid: int) -> bool:
         """Whether entry ``eid`` has a symbolic dim."""

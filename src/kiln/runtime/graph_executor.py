@@ -143,9 +143,13 @@ class GraphExecutor:
         (the factory's params). Their storage is not zero-filled first: for a ResNet-50
         that saves zeroing ~100 MB of weights only to copy over them. Every other storage
         starts zeroed.
+    given_dims : iterable of str, optional
+        Symbols of a dynamic graph whose values the caller sets (``self.dyn.set_given``) rather
+        than the inputs' shapes: a nested graph of runtime control flow gets its parent's.
     """
 
-    def __init__(self, graph_json: Any, lib: Any, devices: Sequence[Any] = (), prefilled: Iterable[str] = ()) -> None:
+    def __init__(self, graph_json: Any, lib: Any, devices: Sequence[Any] = (), prefilled: Iterable[str] = (),
+                 given_dims: Iterable[str] = ()) -> None:
         from .device import Device, cpu
 
         self.graph: Graph = graph_json if isinstance(graph_json, Graph) else load_graph_json(graph_json)
@@ -181,7 +185,7 @@ class GraphExecutor:
         self.dyn: DynamicShapes | None = None
         if g.sym_shape is not None:
             self._check_dynamic_devices()
-            self.dyn = DynamicShapes(g, self.tensors, self.arg_eid, self.dim_sources)
+            self.dyn = DynamicShapes(g, self.tensors, self.arg_eid, self.dim_sources, frozenset(given_dims))
 
     def _check_dynamic_devices(self) -> None:
         """A dynamic graph's device kernels must take the actual shapes (GPU module functions

@@ -519,16 +519,20 @@ def _alias_roots(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Seq
 def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
                    dltype: Sequence[str], max_bytes: int, nesting: int,
                    sym_shape: Sequence[tuple[int | str, ...]] | None = None,
-                   data_dims: frozenset[str] = frozenset()) -> None:
+                   data_dims: frozenset[str] = frozenset(),
+                   dim_ranges: Mapping[str, tuple[int, int]] | None = None) -> None:
     """Parse and check the nested graphs of ``__if`` / ``__loop`` nodes (in place in ``nodes``).
 
     Every nested graph is a complete graph JSON, validated recursively (at most
     :data:`MAX_NESTING` levels); its argument nodes are bound to entries of this node by
     position (its declared inputs, then its params through ``<attr>_params``) and its heads
-    to the node's outputs, so each pair must agree in shape and dtype. Nested graphs are static
-    and on the CPU. A loop's scan outputs (``num_scan``) stack one body head per iteration: a
-    scan output is ``[bound, *head shape]`` with the data-dependent iteration count (one symbol
-    shared by all of them) as its leading dim.
+    to the node's outputs, so each pair must agree in shape (planned and symbolic) and dtype.
+    Nested graphs are on the CPU. A nested graph with ``sym_shape`` takes its symbols from this
+    graph at run time: each of them (but the data-dependent ones it decides itself) must be a
+    symbol of this graph with the same range, so both plan the same upper-bound storage and a
+    padded entry can be bound zero copy. A loop's scan outputs (``num_scan``) stack one body
+    head per iteration: a scan output is ``[bound, *head dims]`` with the data-dependent
+    iteration count (one symbol shared by all of them) as its leading dim.
     """
     for nid, node in enumerate(nodes):
         keys = SUBGRAPH_ATTRS.get(node.func_name)
@@ -541,6 +545,9 @@ def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Seque
 
         def sig(e: int) -> tuple[tuple[int, ...], str]:
             return shapes[e], dltype[e]
+
+        def dims(e: int) -> tuple[int | str, ...]:
+            return sym_shape[e] if sym_shape is not None else shapes[e]
 
         scalars = [(ins[0], "bool", "the condition")]
         n_carried = n_scan = 0
@@ -567,8 +574,13 @@ def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Seque
                 sub = _load(raw, max_bytes, nesting + 1)
             except FormatError as err:
                 raise _fail(f"attrs.{key}: {err}", nid, node.name) from None
-            if sub.sym_shape is not None or (sub.device_index is not None and set(sub.device_index) != {1}):
-                raise _fail(f"attrs.{key}: a nested graph must be static and on the CPU", nid, node.name)
+            if sub.device_index is not None and set(sub.device_index) != {1}:
+                raise _fail(f"attrs.{key}: a nested graph must be on the CPU", nid, node.name)
+            _check_nested_dims(sub, dim_ranges or {}, f"attrs.{key}", nid, node.name)
+
+            def sub_dims(a: int, sub: Graph = sub) -> tuple[int | str, ...]:
+                return sub.sym_shape[a] if sub.sym_shape is not None else sub.shape[a]
+
             params = node.attrs.get(f"{key}_params", [])
             if not isinstance(params, list) or not all(_is_int(k) and 1 <= k < len(ins) for k in params):
                 raise _fail(f"attrs.{key}_params must be a list of input positions 1..{len(ins) - 1}, "
@@ -587,30 +599,31 @@ def _parse_control(nodes: list[GraphNode], row_ptr: Sequence[int], shapes: Seque
             bound = list(want) + [ins[k] for k in params]
             for k, (a, b) in enumerate(zip(args, bound)):
                 if isinstance(b, tuple):  # an executor-provided scalar: any one-element shape
-                    if sub.dltype[a] != b[1] or math.prod(sub.shape[a]) != 1:
+                    if sub.dltype[a] != b[1] or math.prod(sub.shape[a]) != 1 or sub_dims(a) != sub.shape[a]:
                         raise _fail(f"attrs.{key} argument {k} must be a one-element {b[1]} tensor", nid, node.name)
-                elif (sub.shape[a], sub.dltype[a]) != sig(b):
-                    raise _fail(f"attrs.{key} argument {k} ({list(sub.shape[a])} {sub.dltype[a]}) does not match "
-                                f"the node's entry {b} ({list(shapes[b])} {dltype[b]})", nid, node.name)
+                elif (sub.shape[a], sub.dltype[a]) != sig(b) or sub_dims(a) != dims(b):
+                    raise _fail(f"attrs.{key} argument {k} ({list(sub_dims(a))} planned {list(sub.shape[a])} "
+                                f"{sub.dltype[a]}) does not match the node's entry {b} ({list(dims(b))} planned "
+                                f"{list(shapes[b])} {dltype[b]})", nid, node.name)
             heads = [sub.entry_id(n, i) for n, i, _ in sub.heads]
             want_heads: list[Any] = list(outs) if node.func_name == "__if" else [((1,), "bool")] + outs
             # a scan head is one row of its output: the output's shape without the leading dim
             if n_scan:
-                want_heads[1 + n_carried:] = [(shapes[e][1:], dltype[e], "row") for e in outs[n_carried:]]
+                want_heads[1 + n_carried:] = [(shapes[e][1:], dltype[e], dims(e)[1:]) for e in outs[n_carried:]]
             if len(heads) != len(want_heads):
                 raise _fail(f"attrs.{key} has {len(heads)} outputs, expected {len(want_heads)}", nid, node.name)
             for k, (a, b) in enumerate(zip(heads, want_heads)):
                 if isinstance(b, tuple) and len(b) == 3:
-                    ok = (sub.shape[a], sub.dltype[a]) == b[:2]
+                    ok = (sub.shape[a], sub.dltype[a], sub_dims(a)) == b
                 else:
-                    ok = (sub.dltype[a] == b[1] and math.prod(sub.shape[a]) == 1) if isinstance(b, tuple) \
-                        else (sub.shape[a], sub.dltype[a]) == sig(b)
+                    ok = (sub.dltype[a] == b[1] and math.prod(sub.shape[a]) == 1 and sub_dims(a) == sub.shape[a]) \
+                        if isinstance(b, tuple) else (sub.shape[a], sub.dltype[a]) == sig(b) and sub_dims(a) == dims(b)
                 if not ok:
-                    raise _fail(f"attrs.{key} output {k} ({list(sub.shape[a])} {sub.dltype[a]}) does not match "
-                                f"what the node expects", nid, node.name)
+                    raise _fail(f"attrs.{key} output {k} ({list(sub_dims(a))} planned {list(sub.shape[a])} "
+                                f"{sub.dltype[a]}) does not match what the node expects", nid, node.name)
             if node.func_name == "__loop":
                 for k in range(n_carried):  # carried: initial value, body input and output agree
-                    if sig(ins[2 + k]) != sig(outs[k]):
+                    if sig(ins[2 + k]) != sig(outs[k]) or dims(ins[2 + k]) != dims(outs[k]):
                         raise _fail(f"carried value {k}: initial entry {ins[2 + k]} and output entry {outs[k]} "
                                     "differ in shape or dtype", nid, node.name)
             subs[key] = sub
@@ -622,7 +635,9 @@ def _check_scan_outputs(outs: Sequence[int], shapes: Sequence[tuple[int, ...]],
                         sym_shape: Sequence[tuple[int | str, ...]] | None, data_dims: frozenset[str],
                         nid: int, name: str) -> None:
     """A loop's scan outputs: leading dim the one data-dependent iteration count, bounded by
-    the planned extent; the other dims static."""
+    the planned extent; the other dims static or of input-bound (not data-dependent) symbols."""
+    from . import sym
+
     if sym_shape is None:
         raise _fail("a '__loop' with scan outputs (attrs.num_scan) needs attrs.sym_shape: the leading dim of "
                     "a scan output is the data-dependent iteration count", nid, name)
@@ -630,15 +645,32 @@ def _check_scan_outputs(outs: Sequence[int], shapes: Sequence[tuple[int, ...]],
     for e in outs:
         dims = sym_shape[e]
         if not dims or not isinstance(dims[0], str) or dims[0] not in data_dims \
-                or any(isinstance(d, str) for d in dims[1:]):
+                or sym.dims_symbols(dims[1:]) & data_dims:
             raise _fail(f"scan output entry {e} has dims {_show(list(dims))}; expected a data-dependent symbol "
-                        "(the iteration count) as its leading dim and static dims after it", nid, name)
+                        "(the iteration count) as its leading dim and static or input-bound dims after it", nid, name)
         counts.add(dims[0])
     if len(counts) != 1:
         raise _fail(f"the scan outputs' leading dims {sorted(counts)} differ; they all count the same "
                     "iterations", nid, name)
     if len({shapes[e][0] for e in outs}) != 1:
         raise _fail("the scan outputs are planned for different iteration counts (attrs.shape)", nid, name)
+
+
+def _check_nested_dims(sub: Graph, ranges: Mapping[str, tuple[int, int]], where: str, nid: int,
+                       name: str) -> None:
+    """A nested graph's symbols: those it does not decide itself come from the enclosing graph,
+    which must declare each with the same range (both plan the same upper-bound storage)."""
+    for n, rng in sub.dim_ranges.items():
+        if n in sub.data_dims:
+            if n in ranges:
+                raise _fail(f"{where}: its data-dependent dimension {n!r} is also a dimension of the enclosing "
+                            "graph", nid, name)
+        elif n not in ranges:
+            raise _fail(f"{where}: its dimension {n!r} is not a dimension of the enclosing graph, which gives "
+                        "a nested graph its symbols' values", nid, name)
+        elif tuple(ranges[n]) != tuple(rng):
+            raise _fail(f"{where}: its dimension {n!r} has range {rng[0]}..{rng[1]}, the enclosing graph's "
+                        f"{ranges[n][0]}..{ranges[n][1]}", nid, name)
 
 
 def _check_copies(nodes: Sequence[GraphNode], row_ptr: Sequence[int], shapes: Sequence[tuple[int, ...]],
@@ -916,7 +948,7 @@ def _load(graph: str | bytes | Mapping[str, Any], max_bytes: int, nesting: int) 
             if not _is_int(d) or d <= 0:
                 raise _fail(f"attrs.device_index[{eid}] = {_show(d)} is not a DLPack device type code (>= 1)")
     sym_shape, dim_ranges, data_dims = _parse_dynamic(gattrs, shapes)
-    _parse_control(nodes, row_ptr, shapes, dltype, max_bytes, nesting, sym_shape, data_dims)
+    _parse_control(nodes, row_ptr, shapes, dltype, max_bytes, nesting, sym_shape, data_dims, dim_ranges)
     _check_copies(nodes, row_ptr, shapes, dltype)
     root = _alias_roots(nodes, row_ptr, shapes, dltype, device_index)
     offs = [0] * num_entries if offsets is None else [int(x) for x in offsets]

@@ -28,8 +28,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from .errors import InputError
 
-__all__ = ["Dim", "canonical", "is_symbolic", "symbols", "evaluate", "expand", "bounds", "add", "sub", "mul",
-           "floordiv", "shape_function", "check_name", "parse_range"]
+__all__ = ["Dim", "canonical", "is_symbolic", "symbols", "dims_symbols", "evaluate", "expand", "bounds", "add",
+           "sub", "mul", "floordiv", "shape_function", "check_name", "parse_range"]
 
 #: A dimension: a static extent or a canonical symbolic expression.
 Dim = int | str
@@ -233,6 +233,15 @@ def symbols(d: Dim) -> frozenset[str]:
         else:  # "(p)//c": the symbols inside
             out |= symbols(a[1:a.rindex(")")])
     return frozenset(out)
+
+
+def dims_symbols(dims: Iterable[Dim]) -> frozenset[str]:
+    """The symbol names any of ``dims`` (a shape: static ints and canonical strings) depends on."""
+    out: frozenset[str] = frozenset()
+    for d in dims:
+        if isinstance(d, str):
+            out |= symbols(d)
+    return out
 
 
 def evaluate(d: Dim, env: Mapping[str, int]) -> int:

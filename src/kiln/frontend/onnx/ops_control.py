@@ -12,11 +12,16 @@ known at import is replaced by the chosen branch.
 is computed from the model's inputs becomes an IR ``if`` / ``loop`` node
 (:mod:`kiln.ir.ops.control`) holding each branch / the body as its own IR graph. The outer
 values a subgraph reads become explicit inputs of the node (constants are copied into the
-subgraph instead). The executor runs the subgraph natively (``docs/executor.md``). Shapes
-must be static. A runtime ``Loop``'s scan outputs get a data-dependent leading dim (the
-iteration count, a fresh symbol ``loop_<k>`` of range ``0..bound``): the bound is the trip count
-``M`` when that is known at import (and affordable), else :data:`RUNTIME_LOOP_MAX_ITERATIONS`;
-storage is planned for it and the executor reports the actual count (``docs/dynamic_shapes.md``).
+subgraph instead). The executor runs the subgraph natively (``docs/executor.md``). The subgraph
+may read outer values with symbolic dims: its IR graph declares the enclosing graph's symbols
+(same names and ranges) and the executor hands it their values at run time; each output of an
+``If`` must have the same dims in both branches, and a ``Loop``-carried value the same dims at
+every iteration. Refused: outer values with data-dependent dims, and symbols declared inside
+the subgraph itself (a ``NonZero`` in a branch). A runtime ``Loop``'s scan outputs get a
+data-dependent leading dim (the iteration count, a fresh symbol ``loop_<k>`` of range
+``0..bound``): the bound is the trip count ``M`` when that is known at import (and affordable),
+else :data:`RUNTIME_LOOP_MAX_ITERATIONS`; storage is planned for it and the executor reports the
+actual count (``docs/dynamic_shapes.md``).
 A runtime ``Loop`` that grows a sequence is converted by :mod:`.ops_sequence` with the same
 pieces (:func:`loop_controls`, :func:`emit_loop`): each appended element is one more scan output.
 A longer ``Scan``, or one over a symbolic axis, becomes such a loop too (:func:`_scan_runtime`).
@@ -332,11 +337,25 @@ def _captures(ctx: Context, graphs, exclude: set[str]) -> list[tuple[str, Value]
                                   "the subgraph is inlined instead)")
         if v in ctx.sym_values:
             v = ctx.materialize(v, "it is read inside a subgraph run at run time")
-        if v.type.is_dynamic:
-            raise ctx.unsupported(f"runtime control flow supports static shapes only; the subgraph reads "
-                                  f"{name!r} of dims {v.type.dims}")
+        check_outer_dims(ctx, v, f"reads {name!r}")
         out.append((name, v))
     return out
+
+
+def check_outer_dims(ctx: Context, v: Value, what: str) -> None:
+    """Refuse a value passed into a runtime If / Loop subgraph whose dims are data dependent.
+
+    The subgraph gets the enclosing graph's symbols from its executor at run time, but a
+    data-dependent symbol (NonZero's count, a runtime Loop's iteration count) is declared with
+    a range that may start at 0 and is decided by a kernel of the enclosing graph; nested graphs
+    take input-bound symbols only.
+    """
+    data = sorted(sym.dims_symbols(v.type.dims) & set(ctx.graph.data_dims))
+    if data:
+        raise ctx.unsupported(f"runtime control flow passes values of static shapes only, or with symbolic dims "
+                              f"given by the model's inputs, into a subgraph; the subgraph {what} of dims "
+                              f"{v.type.dims}, whose dimension(s) {data} are data dependent (decided by a kernel "
+                              "while the model runs)")
 
 
 def _subgraph_name(node, label: str) -> str:
@@ -358,13 +377,15 @@ def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[t
     outer conversion state is restored afterwards, whatever happens.
     """
     sub = Graph(_subgraph_name(node, label))
+    # the enclosing graph's symbols, same names and ranges: the executor passes their values in
     sub.copy_dims(ctx.graph)
+    outer_dims = set(sub.dim_ranges)
     env: dict[str, Any] = dict(bindings or {})
     for k, (name, t) in enumerate(leading):
-        env[name] = sub.add_input(f"x{k}", t.shape, t.dtype)
+        env[name] = sub.add_input(f"x{k}", t.dims, t.dtype)
     for name, v in captures:
         if not v.is_constant:
-            env[name] = sub.add_input(f"x{len(sub.inputs)}", v.shape, v.dtype)
+            env[name] = sub.add_input(f"x{len(sub.inputs)}", v.type.dims, v.dtype)
     saved = ctx.graph, ctx.env
     ctx.graph, ctx.env = sub, env
     depth = getattr(ctx, "subgraph_depth", 0)
@@ -385,6 +406,13 @@ def _convert_subgraph(ctx: Context, node, graph, label: str, leading: Sequence[t
         ctx.graph, ctx.env = saved
         ctx.subgraph_depth = depth  # type: ignore[attr-defined]
         ctx.node = node
+    inner = sorted(set(sub.dim_ranges) - outer_dims)
+    if inner:
+        # its value would be decided inside the nested executor, which the node's output types
+        # (planned by the enclosing graph) cannot follow; refused rather than half supported
+        raise ctx.unsupported(f"the {label} subgraph declares dimension(s) {inner} of its own (a data-dependent "
+                              "op such as NonZero, or a Range with run-time bounds, inside it); a subgraph run at "
+                              "run time may only use the symbolic dims of the enclosing graph")
     return sub
 
 
@@ -400,10 +428,12 @@ def _runtime_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Value]:
     captures = _captures(ctx, [then_b, else_b], set())
     then_g = _convert_subgraph(ctx, node, then_b, "then", [], captures)
     else_g = _convert_subgraph(ctx, node, else_b, "else", [], captures)
-    a, b = [v.type for v in then_g.outputs], [v.type for v in else_g.outputs]
-    if a != b:
-        raise ctx.unsupported(f"the branches give different output types (then {[str(t) for t in a]}, "
-                              f"else {[str(t) for t in b]}); a runtime If needs equal static types")
+    for k, (a, b) in enumerate(zip(then_g.outputs, else_g.outputs)):
+        if a.type != b.type:
+            # types compare their canonical symbolic dims: "2*seq" and "seq*2" are the same dim
+            name = node.output[k] if k < len(node.output) else str(k)
+            raise ctx.unsupported(f"output {k} ({name!r}) is {a.type} in then_branch but {b.type} in else_branch; "
+                                  "a runtime If needs the same dtype and the same (symbolic) shape in both branches")
     ins = [cond] + [v for _, v in captures if not v.is_constant]
     return ctx.emit("if", ins, {"then_branch": Subgraph(then_g), "else_branch": Subgraph(else_g)})
 
@@ -419,6 +449,8 @@ def _runtime_loop(ctx: Context, node, body, m_v: Value | None, cond_v: Value | N
         raise ctx.unsupported("a runtime Loop without loop-carried values or scan outputs computes nothing "
                               "Kiln can return")
     m_v, cond_v = loop_controls(ctx, m_v, cond_v)
+    for k, v in enumerate(carried):
+        check_outer_dims(ctx, v, f"carries loop-carried value {k} ({body.input[2 + k].name!r})")
     leading = [(body.input[0].name, TensorType((), "int64")), (body.input[1].name, TensorType((), "bool"))]
     leading += [(vi.name, v.type) for vi, v in zip(body.input[2:], carried)]
     captures = _captures(ctx, [body], {name for name, _ in leading})
@@ -431,14 +463,14 @@ def _scan_runtime(ctx: Context, node, body, states: list[Value], scan_ins: list[
     """A Scan too long to unroll, or over a symbolic axis, as a runtime ``loop`` node.
 
     The trip count is ``length`` (a symbolic one computed at run time by ``dim_value``); the
-    states are the loop-carried values. A loop body may only read statically shaped outer values,
-    so a scan input is read whole, and row ``i`` is taken inside the body at the iteration number
-    (``length - 1 - i`` for direction 1). Over a symbolic axis the body reads instead a copy of the
-    input at the axis's upper bound whose rows are already in scan order (the rows past the actual
-    length repeat an edge row and are never read). The loop stacks the scan outputs along a fresh
-    data-dependent dim: a ``take`` of its rows ``0 .. length - 1`` (reversed for direction 1) turns
-    them back into a value of dim ``length``, the take checking at run time that the loop wrote that
-    many rows, and a ``transpose`` moves the axis to ``scan_output_axes``.
+    states are the loop-carried values. A scan input is a captured value read whole, and row ``i``
+    is taken inside the body at the iteration number (``length - 1 - i`` for direction 1). Over a
+    symbolic axis the body reads instead a copy of the input at the axis's upper bound whose rows
+    are already in scan order (the rows past the actual length repeat an edge row and are never
+    read). The loop stacks the scan outputs along a fresh data-dependent dim: a ``take`` of its
+    rows ``0 .. length - 1`` (reversed for direction 1) turns them back into a value of dim
+    ``length``, the take checking at run time that the loop wrote that many rows, and a
+    ``transpose`` moves the axis to ``scan_output_axes``.
     """
     import onnx
 
@@ -448,8 +480,9 @@ def _scan_runtime(ctx: Context, node, body, states: list[Value], scan_ins: list[
            else f"it runs {length} iterations, more than the {MAX_UNROLL} Kiln unrolls")
     if k and getattr(ctx, "subgraph_depth", 0):
         raise ctx.unsupported(f"the Scan is run as a loop at run time ({why}) and has {k} scan output(s) inside a "
-                              "runtime If / Loop subgraph, whose shapes must be static; only a Scan of at most "
-                              f"{MAX_UNROLL} static steps (unrolled) or without scan outputs is supported there")
+                              "runtime If / Loop subgraph, which may not declare data-dependent dims of its own; "
+                              f"only a Scan of at most {MAX_UNROLL} static steps (unrolled) or without scan outputs "
+                              "is supported there")
     for j, v in enumerate(states):
         if v.type.is_dynamic:
             raise ctx.unsupported(f"state {j} has dims {v.type.dims}; a Scan run as a loop at run time ({why}) "
@@ -535,9 +568,10 @@ def check_scan_nesting(ctx: Context, n_scan: int, why: str) -> None:
     """Refuse a runtime loop with scan outputs inside a runtime If / Loop subgraph."""
     if n_scan and getattr(ctx, "subgraph_depth", 0):
         raise ctx.unsupported(f"the Loop is decided at run time ({why}) and has {n_scan} scan output(s), whose "
-                              "length is only known at run time, inside a runtime If / Loop subgraph; nested "
-                              "subgraphs must have static shapes (a runtime Loop with scan outputs is "
-                              "supported in the main graph only)")
+                              "length is only known at run time, inside a runtime If / Loop subgraph; a nested "
+                              "subgraph has static shapes or the enclosing graph's symbolic dims only, no "
+                              "data-dependent dims of its own (a runtime Loop with scan outputs is supported in "
+                              "the main graph only)")
 
 
 def loop_controls(ctx: Context, m_v: Value | None, cond_v: Value | None) -> tuple[Value, Value]:
@@ -565,7 +599,7 @@ def emit_loop(ctx: Context, node, body_g: Graph, m_v: Value, cond_v: Value, carr
     for k, (o, v) in enumerate(zip(outs[1:], carried)):
         if o.type != v.type:
             raise ctx.unsupported(f"loop-carried value {k} changes type across iterations ({v.type} -> {o.type}); "
-                                  "a runtime Loop needs static types")
+                                  "a runtime Loop needs the same dtype and (symbolic) shape at every iteration")
     ins = [m_v, cond_v] + list(carried) + [v for _, v in captures if not v.is_constant]
     attrs: dict[str, Any] = {"body": Subgraph(body_g), "num_carried": len(carried)}
     if n_scan:
@@ -581,9 +615,9 @@ def _scan_attrs(ctx: Context, node, scans: list[Value], trip: int | None, why: s
     :data:`RUNTIME_LOOP_MAX_ITERATIONS`.
     """
     for k, v in enumerate(scans):
-        if v.type.is_dynamic:
-            raise ctx.unsupported(f"scan output {k} has dims {v.type.dims}; a runtime Loop stacks static "
-                                  "per-iteration values only")
+        # rows are stacked in the padded layout: a symbolic dim of the enclosing graph composes,
+        # one decided inside the body (refused with the body's own symbols) would not
+        check_outer_dims(ctx, v, f"stacks scan output {k}")
     row = sum(v.type.size * np.dtype(np_dtype(v.dtype)).itemsize for v in scans)
     if trip is not None and max(0, trip) * row <= RUNTIME_LOOP_MAX_SCAN_BYTES:
         hi = max(0, trip)

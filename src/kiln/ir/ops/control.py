@@ -17,6 +17,13 @@ This module must not import the compiler (topi, driver) or the runtime executor.
   ``[T, *scan_shape]`` where the iteration count ``T`` is the data-dependent symbol ``out_dim``
   (range ``0..max_iterations``, the bound the storage is planned for; the executor reports the
   actual count like a data-dependent kernel does, ``docs/dynamic_shapes.md``).
+
+Symbolic dims: a subgraph's inputs have exactly the types of what the node passes, symbolic dims
+included, and the subgraph declares the enclosing graph's symbols (same names and ranges), so a
+branch or body runs at whatever the symbols' values are when the node runs. Types compare their
+canonical dims: the two branches' outputs, and a carried value and its next value, must agree
+symbol for symbol. A scan value may have symbolic dims too; its stacked output is
+``[T, *scan_dims]``.
 """
 
 from __future__ import annotations
@@ -149,10 +156,8 @@ def _loop_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     scans: list[TensorType] = []
     if n_scan:
         d, hi = _scan_dim(attrs)
-        for k, o in enumerate(outs[1 + n:]):
-            if o.is_dynamic:
-                raise InputError(f"scan value {k} of the body is {o}; a runtime loop stacks static values only")
-            scans.append(TensorType((hi,) + o.shape, o.dtype, (d,) + (None,) * o.ndim))
+        for o in outs[1 + n:]:
+            scans.append(TensorType((hi,) + o.shape, o.dtype, (d,) + (o.sym or (None,) * o.ndim)))
     return list(ts[2: 2 + n]) + scans
 
 
@@ -204,6 +209,7 @@ register_op(
 
 
 @sym_rule("if", "loop")
-def _static_only(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[Any]:
-    # Subgraphs are compiled for static shapes; a symbolic input would need them re-planned.
-    raise InputError("runtime control flow (if / loop) supports static shapes only")
+def _subgraph_dims(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[Any]:
+    # The type relation already took every output type, symbolic dims included, from the
+    # subgraphs (whose inputs carry the node's input dims) and checked that they agree.
+    return [t.sym for t in outs]
