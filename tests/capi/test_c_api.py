@@ -240,7 +240,7 @@ def test_graph_on_a_device_is_refused_with_the_reason():
 
 def test_graph_with_dynamic_dims_gets_its_symbol_tables():
     # runs through the C API since version 2 (tests/capi/test_c_api_dynamic.py); data-dependent
-    # dims are still refused with the reason
+    # dims since tables version 3 (tests/capi/test_c_api_data_dependent.py), unless an input has one
     g = {
         "nodes": [{"op": "null", "name": "x", "inputs": []},
                   {"op": "tvm_op", "name": "k", "inputs": [[0, 0, 0]],
@@ -252,9 +252,13 @@ def test_graph_with_dynamic_dims_gets_its_symbol_tables():
     }
     src = model_api.model_api_source(load_graph_json(g), [], "default", {"kern"})
     assert '{"n", 1LL, 4LL, 0, 0}' in src and "kern(" in src
+    assert "kiln_model_desc = {\n  2, " in src
     g["attrs"]["dim_ranges"] = ["list_dim_range", [["n", 0, 4, "data"]]]
     src = model_api.model_api_source(load_graph_json(g), [], "default", {"kern"})
-    assert "data-dependent dimensions (n in 0..4)" in src and "kern(" not in src
+    assert "input 'x' has dims (n) with data-dependent dimension(s) ['n']" in src and "kern(" not in src
+    g["attrs"]["sym_shape"] = ["list_sym_shape", [[4], ["n"]]]  # kern reports n
+    src = model_api.model_api_source(load_graph_json(g), [], "default", {"kern"})
+    assert '{"n", 0LL, 4LL, -1, 0}' in src and "kern(" in src and "kiln_model_desc = {\n  3, " in src
 
 
 def test_cli_builds_static_library_params_file_and_headers(tmp_path):

@@ -5,7 +5,8 @@ Graphs with symbolic dims (built in the IR, or ONNX with dim_params) are exporte
 instance, run, read outputs at their actual shapes; each result is compared with the Python
 executor (or NumPy) at the same shape. Errors (a dim out of range, a wrong static dim or rank,
 inputs that disagree on a symbol) and the models the C API refuses (a symbol only inside a
-composite input dim, data-dependent dims) are checked by status and message.
+composite input dim, runtime control flow) are checked by status and message. Data-dependent
+dims (NonZero ...) run too: ``test_c_api_data_dependent.py``.
 """
 
 from __future__ import annotations
@@ -393,14 +394,25 @@ def test_composite_input_dim_with_its_symbol_given_elsewhere_runs(driver, tmp_pa
     assert _status(sets[3]) == 2 and "input 'y': dim 0 (2*n) is 11, outside 0..10" in sets[3]
 
 
-def test_data_dependent_dims_are_refused(driver, tmp_path):
+def test_data_dependent_dims_run(driver, tmp_path):
+    """Refused before tables version 3; now the count NonZero reports is the output's extent
+    (more in test_c_api_data_dependent.py)."""
     g = ir.Graph("dd")
     g.declare_dim("nz", 0, 12, data_dependent=True)
     x = g.add_input("x", (3, 4))
     g.outputs = [g.add_node("nonzero", [x], {"out_dim": "nz"})[0]]
     lib = _export(kiln.build(g, target="llvm"), tmp_path, "dd.so")
-    out = Session(driver, lib, tmp_path).go()
-    assert _status(out[0]) == 8 and "data-dependent dimensions (nz in 0..12)" in out[0], out
+    ses = Session(driver, lib, tmp_path)
+    xs = [RNG.standard_normal((3, 4)).astype("float32") * (RNG.random((3, 4)) < p) for p in (0.5, 0.0, 1.0)]
+    paths = []
+    for xv in xs:
+        ses.set(0, xv)
+        ses.cmd("run")
+        paths.append(ses.get(0))
+    out = ses.go()
+    assert all(_status(line) == 0 for line in out), out
+    for xv, path, line in zip(xs, paths, _lines(out, "get")):
+        np.testing.assert_array_equal(_read(path, line, np.int64), np.array(np.nonzero(xv)))
 
 
 def test_runtime_control_flow_is_refused():

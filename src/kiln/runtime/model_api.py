@@ -22,12 +22,20 @@ the input dim each is read from), every distinct symbolic dim as C ``int64_t`` a
 generated function of the symbol values (floor division as :mod:`.sym` floors), and for each
 dim of the shapes table the expression that gives it. ``crt/kiln_model_api.c`` binds the symbols
 from the inputs' shapes and writes the actual shapes into the entries' DLTensors before a run.
+A *data-dependent* symbol (NonZero's count, ``kiln.tir.set_extent``) is given by no input: its
+row names the op whose kernel reports it (``input`` -1, ``dim`` the op's index), and the C side
+ends the kernel run after that op, reads and checks the value and re-shapes what follows, as
+:class:`~kiln.runtime.graph_executor.GraphExecutor` does; ``dim_expr_after`` says per expression
+after which op its value is known in a run (before, it is neither checked nor written). Such
+tables are version 3 (:data:`DATA_DEPENDENT_TABLES_VERSION`); every other model's stay version
+2, byte for byte as before, so a reader that knows only version 2 refuses exactly the tables it would run wrongly.
 
 Runtime layer: standard library only.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from typing import TYPE_CHECKING, Collection, Sequence
@@ -35,13 +43,15 @@ from typing import TYPE_CHECKING, Collection, Sequence
 from . import cpu_features as _cpu
 from . import dtype as _dtype
 from . import sym as _sym
+from .dynamic_shapes import data_dim_sources
+from .errors import InputError
 from .graph_json import Graph
 
 if TYPE_CHECKING:  # pragma: no cover
     from .module import Module
 
-__all__ = ["MODEL_FILE", "API_FILE", "API_VERSION", "API_FUNCTIONS", "model_api_source", "write_model_api",
-           "api_source_path"]
+__all__ = ["MODEL_FILE", "API_FILE", "API_VERSION", "DATA_DEPENDENT_TABLES_VERSION", "API_FUNCTIONS",
+           "model_api_source", "write_model_api", "api_source_path"]
 
 #: The generated tables (one per library).
 MODEL_FILE = "kiln_model.c"
@@ -50,6 +60,10 @@ API_FILE = "kiln_model_api.c"
 #: ``KILN_MODEL_API_VERSION`` of ``kiln/kiln_model.h`` that these tables are written for
 #: (2: dynamic dimensions; the tables gained the symbol fields of ``KilnModelDesc``).
 API_VERSION = 2
+#: ``KilnModelDesc.api_version`` of tables with data-dependent symbols (``kiln_model_desc.h``);
+#: the layout is version 2's plus ``dim_expr_after`` at the end (left out of version-2 tables);
+#: a symbol row with ``input`` -1 is what an older reader cannot run.
+DATA_DEPENDENT_TABLES_VERSION = 3
 #: The functions ``kiln/kiln_model.h`` declares (every model library exports them; they are C
 #: services, not packed kernels).
 API_FUNCTIONS: frozenset[str] = frozenset({
@@ -93,11 +107,6 @@ def _c_str(s: str) -> str:
 def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[str] = ()) -> str | None:
     """Why the C API cannot run ``g`` (None: it can). ``params`` names the argument nodes that
     are weights; the others are the inputs whose shapes give a dynamic graph's symbols."""
-    if g.data_dims:
-        dims = ", ".join(f"{n} in {lo}..{hi}" for n, (lo, hi) in sorted(g.dim_ranges.items()) if n in g.data_dims)
-        return (f"the graph has data-dependent dimensions ({dims}), whose values its kernels decide at run time "
-                "(NonZero, Unique, NonMaxSuppression, a runtime Loop's scan outputs ...); this version of the C API "
-                "runs dynamic graphs whose every dimension the inputs' shapes give (use the Python runtime)")
     if g.device_index is not None:
         codes = sorted({c for c in g.device_index if c != 1})
         if codes:
@@ -110,10 +119,15 @@ def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[s
     if '"kiln_values"' in g.json_text:
         return ("the graph has sequence / optional inputs or outputs (kiln_values, docs/sequences.md); the C API "
                 "has tensors only (use the Python runtime, whose GraphModule takes and returns lists)")
-    for node in g.nodes:
+    for nid, node in enumerate(g.nodes):
         if node.is_op and node.func_name in ("__if", "__loop"):
-            return (f"graph node {node.name!r} is runtime control flow ({node.func_name}); this version of the "
-                    "C API runs graphs without it")
+            # a runtime Loop's scan outputs are data-dependent dims the node itself reports
+            scan = sorted({d for e in g.node_entries(nid) for d in (g.sym_shape[e] if g.sym_shape else ())
+                           if isinstance(d, str) and d in g.data_dims})
+            dims = ", ".join(f"{n} in {g.dim_ranges[n][0]}..{g.dim_ranges[n][1]}" for n in scan)
+            return (f"graph node {node.name!r} is runtime control flow ({node.func_name}"
+                    f"{', whose scan outputs have the data-dependent dims ' + dims if scan else ''}); this version "
+                    "of the C API runs graphs without it")
         if not node.is_op or node.func_name in ("__nop", "__copy", "__concat"):
             continue
         if not _C_IDENT.match(node.func_name):
@@ -130,16 +144,26 @@ def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[s
 
 
 def _dynamic_reason(g: Graph, params: Collection[str]) -> str | None:
-    # What DynamicShapes refuses at load, refused at export: a symbol no input dim gives. Plus
-    # what the C side needs: weights of fixed shape, inputs and outputs of a bounded rank.
+    # What DynamicShapes refuses at load, refused at export: a symbol no input dim gives, a
+    # data-dependent one no kernel output carries. Plus what the C side needs: weights of fixed
+    # shape, inputs and outputs of a bounded rank, a data-dependent dim reported by a kernel.
     assert g.sym_shape is not None
     inputs = [(g.nodes[n].name, g.entry_id(n)) for n in g.arg_nodes if g.nodes[n].name not in params]
     for nid in g.arg_nodes:
         name, e = g.nodes[nid].name, g.entry_id(nid)
         if name in params and any(isinstance(d, str) for d in g.sym_shape[e]):
             return f"weight {name!r} has dynamic dimensions {_dims_text(g.sym_shape[e])}; weights have fixed shapes"
+    for name, e in inputs:
+        used = sorted(_sym.dims_symbols(g.sym_shape[e]) & g.data_dims)
+        if used:
+            return (f"input {name!r} has dims {_dims_text(g.sym_shape[e])} with data-dependent dimension(s) {used}, "
+                    "which a kernel decides at run time, not the caller")
     plain = {d for _, e in inputs for d in g.sym_shape[e] if isinstance(d, str) and d in g.dim_ranges}
-    unbound = [n for n in g.dim_ranges if n not in plain]
+    try:
+        _data_dim_ops(g)
+    except InputError as err:
+        return str(err)
+    unbound = [n for n in g.dim_ranges if n not in plain and n not in g.data_dims]
     if unbound:
         where = [f"{d!r} of input {n!r}" for n, e in inputs for d in dict.fromkeys(g.sym_shape[e])
                  if isinstance(d, str) and _sym.symbols(d) & set(unbound)]
@@ -151,6 +175,30 @@ def _dynamic_reason(g: Graph, params: Collection[str]) -> str | None:
             return (f"graph entry {e} has {len(g.shape[e])} dims; dynamic inputs and outputs have at most "
                     f"{_MAX_DYNAMIC_NDIM}")
     return None
+
+
+def _data_dim_ops(g: Graph) -> dict[str, int]:
+    """``symbol -> node id`` of the kernel that reports each data-dependent dim: the node writing
+    the entry :func:`~kiln.runtime.dynamic_shapes.data_dim_sources` reads it from.
+
+    Raises
+    ------
+    InputError
+        A data-dependent dim no kernel output carries, or one an executor-level node writes.
+    """
+    out: dict[str, int] = {}
+    for name, (eid, _) in data_dim_sources(g).items():
+        nid = bisect.bisect_right(g.node_row_ptr, eid) - 1
+        node = g.nodes[nid]
+        if not node.is_op or node.func_name in ("__nop", "__copy", "__concat", "__if", "__loop"):
+            raise InputError(f"data-dependent dimension {name!r} is first the dim of graph entry {eid}, an output of "
+                             f"node {node.name!r} ({node.func_name if node.is_op else 'an input'}), not of a kernel "
+                             "that reports it")
+        if node.flatten_data:
+            raise InputError(f"data-dependent dimension {name!r} is reported by node {node.name!r}, a flatten_data "
+                             "kernel (which sees 1-D tensors, so it cannot report a dim)")
+        out[name] = nid
+    return out
 
 
 def _dims_text(dims: Sequence[int | str]) -> str:
@@ -189,14 +237,18 @@ class _CExpr:
         return _CExpr(f"KilnFloorDiv({self.text}, {self._c(other)})")
 
 
-def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: Sequence[int], p: str
-                    ) -> tuple[list[str], list[str]]:
+def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: Sequence[int], p: str,
+                    decided_by: dict[str, int] | None = None) -> tuple[list[str], list[str]]:
     """Lines of a dynamic graph's symbol tables and dim-expression function, and the
     ``KilnModelDesc`` fields that name them (in the struct's order).
 
     Every distinct symbolic dim of the graph is one expression; the first ``num_symbols`` are the
     symbols themselves, in ``attrs.dim_ranges`` order. ``dim_expr`` has one row per dim of the
-    shapes table: -1 for a static dim, else the expression giving it.
+    shapes table: -1 for a static dim, else the expression giving it. ``decided_by`` maps each
+    data-dependent symbol to the index (in the ops table) of the op whose kernel reports it;
+    its row is ``{name, lo, hi, -1, op}``, and (version 3 only) ``dim_expr_after`` gives per
+    expression the last such op of the symbols it uses, -1 for none: within a run the C side
+    neither checks nor writes a dim before its value is known.
     """
     assert g.sym_shape is not None
     names = list(g.dim_ranges)
@@ -224,7 +276,9 @@ def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: S
         if j >= len(names):
             c = _sym.expand(text, env)
             body.append(f"  v[{j}] = {c.text if isinstance(c, _CExpr) else int(c)};")  # type: ignore[call-overload]
-    sym_rows = [f"  {{{_c_str(n)}, {lo}LL, {hi}LL, {source[n][0]}, {source[n][1]}}},"
+    decided_by = decided_by or {}
+    where = {n: (-1, decided_by[n]) if n in decided_by else source[n] for n in names}
+    sym_rows = [f"  {{{_c_str(n)}, {lo}LL, {hi}LL, {where[n][0]}, {where[n][1]}}},"
                 for n, (lo, hi) in g.dim_ranges.items()]
     per_line = 16
     dim_rows = ["  " + ", ".join(str(v) for v in dim_expr[i:i + per_line]) + ","
@@ -239,6 +293,13 @@ def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: S
         f"static void {p}eval_dims(const int64_t* s, int64_t* v) {{", *body, "}",
     ]
     fields = [f"  {len(names)}, {p}symbols,", f"  {len(exprs)}, {p}dim_exprs, {p}eval_dims, {p}dim_expr,"]
+    if decided_by:  # version 3: a field version-2 tables leave out
+        after = [max((decided_by[n] for n in _sym.symbols(text) if n in decided_by), default=-1) for text in exprs]
+        lines += ["", "/* Per dim expression: the last op reporting a data-dependent symbol it uses (-1: none). */",
+                  f"static const int32_t {p}dim_expr_after[] = {{",
+                  *("  " + ", ".join(str(v) for v in after[i:i + per_line]) + ","
+                    for i in range(0, len(after), per_line)), "};"]
+        fields.append(f"  {p}dim_expr_after,")
     return lines, fields
 
 
@@ -363,10 +424,12 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
     op_rows: list[str] = []
     op_args: list[int] = []
     kernels: list[str] = []
+    op_of: dict[int, int] = {}  # node id -> its row in the ops table
     if why is None:
         for node_id, node in enumerate(g.nodes):
             if not node.is_op or node.func_name in ("__nop", "__concat"):
                 continue  # no work: an alias, or a concatenation its inputs wrote in place
+            op_of[node_id] = len(op_rows)
             args = [g.entry_id(s, i) for s, i, _ in node.inputs] + list(g.node_entries(node_id))
             if node.func_name == "__copy":
                 fn, kind = "NULL", "KILN_OP_COPY"
@@ -397,8 +460,12 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
     p = prefix
     dynamic = ["  0, NULL,", "  0, NULL, NULL, NULL,"]
     dyn_lines: list[str] = []
+    version = API_VERSION
     if why is None and g.sym_shape is not None:
-        dyn_lines, dynamic = _dynamic_tables(g, inputs, shape_offset, p)
+        decided_by = {n: op_of[nid] for n, nid in _data_dim_ops(g).items()}
+        dyn_lines, dynamic = _dynamic_tables(g, inputs, shape_offset, p, decided_by)
+        if decided_by:
+            version = DATA_DEPENDENT_TABLES_VERSION
     lines = [
         "",
         arr("int64_t", f"{p}shapes", ints(shapes) if shapes else []),
@@ -412,7 +479,7 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
         *dyn_lines,
         "",
         f"static const KilnModelDesc {p}model_desc = {{",
-        f"  {API_VERSION}, {_c_str(mod_name)}, {'NULL' if why is None else _c_str(why)},",
+        f"  {version}, {_c_str(mod_name)}, {'NULL' if why is None else _c_str(why)},",
         f"  {g.num_entries}, {p}entries, {p}shapes,",
         f"  {len(slot_bytes)}, {p}storage_bytes,",
         f"  {len(op_rows)}, {p}ops, {p}op_args,",

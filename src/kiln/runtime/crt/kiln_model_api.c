@@ -19,6 +19,16 @@
  * changed -- evaluates every symbolic dim (the tables' eval_dims) and writes the actual shapes into
  * the entries' DLTensors, from which the kernels read their extents. The 1-D `flat` twins keep the
  * padded element count, as in the Python executor.
+ *
+ * Data-dependent dims (NonZero's count ...; tables version 3): a kernel reports the extent it decided
+ * by writing it into the shape of its output DLTensor (kiln.tir.set_extent), and later kernels must
+ * see it. So, as kiln.runtime.graph_executor does, a run of kernel calls ends after each reporting
+ * kernel; the value is read back, checked against the symbol's range, and every entry re-shaped
+ * before the next kernel. Models without such kernels take the same single KilnRunSequence call.
+ * Until its kernel reports it in this run, a data-dependent symbol holds the last run's value, so a
+ * dim that uses it (the tables' dim_expr_after) is neither checked nor written: `n-nonzero_0` with
+ * a new, smaller n and the old count may be negative, and no kernel reads it before the count is
+ * known (the Python executor writes it unchecked).
  */
 #define _GNU_SOURCE
 #include <kiln/kiln_model_desc.h>
@@ -36,6 +46,11 @@
 static const uint64_t kParamsMagic = 0xF7E58D4F05049CB7ULL;
 static const uint64_t kTensorMagic = 0xDD5E40F096B4A13FULL;
 static const char kFactoryKey[] = "GraphExecutorFactory";
+
+/* A data-dependent symbol: after op `op` ran, its value is dim `dim` of entry `entry`'s shape. */
+typedef struct {
+  int32_t op, symbol, entry, dim;
+} KilnReport;
 
 struct KilnModel {
   const KilnModelDesc* desc;
@@ -58,6 +73,9 @@ struct KilnModel {
   int64_t* in_shapes;     /* the shape each input was set with ... */
   int32_t* in_shape_at;   /* ... starting here in in_shapes */
   int dirty;              /* an input was set since the shapes were last checked */
+  int partial;            /* the last apply_symbols left dims that use unreported symbols unwritten */
+  KilnReport* reports;    /* data-dependent symbols, by op: what to read back after which kernel */
+  int32_t num_reports;
 };
 
 KILN_DLL int32_t KilnModelAPIVersion(void) { return KILN_MODEL_API_VERSION; }
@@ -157,11 +175,52 @@ static void box_copy(char* padded, char* compact, const int64_t* a, const int64_
   }
 }
 
+/* Whether dim expression x is known once the reports of ops up to `known` were taken in this run
+ * (-1: none yet; INT32_MAX: every symbol holds a value of its own, as at creation). */
+static int expr_known(const KilnModelDesc* d, int32_t x, int32_t known) {
+  return !d->dim_expr_after || d->dim_expr_after[x] <= known;
+}
+
+/* If a symbol changed since the shapes were written (or some were left unwritten): evaluate every
+ * dim expression (unless the caller just did) and write every entry's actual dims, none past its
+ * planned upper bound (else nothing is written). Dims using a data-dependent symbol not reported
+ * yet in this run (expr_known) are skipped: neither checked nor written. Lock held, or the
+ * instance not yet shared. */
+static int32_t apply_symbols(KilnModel* m, const char* fn, int evaluated, int32_t known) {
+  const KilnModelDesc* d = m->desc;
+  if (!m->partial && memcmp(m->sym, m->applied, sizeof(int64_t) * (size_t)d->num_symbols) == 0) return KILN_OK;
+  if (!evaluated) d->eval_dims(m->sym, m->dim_values);
+  for (int32_t eid = 0; eid < d->num_entries; ++eid) {
+    const KilnEntryDesc* e = &d->entries[eid];
+    for (int32_t k = 0; k < e->ndim; ++k) {
+      int32_t x = dim_expr(d, e, k);
+      if (x < 0 || !expr_known(d, x, known)) continue;
+      int64_t v = m->dim_values[x], hi = d->shapes[e->shape_offset + k];
+      if (v < 0 || v > hi)
+        return FAIL(KILN_ERR_SHAPE, "%s: dim %d of graph entry %d, %s, is %lld, outside 0..%lld (its planned "
+                    "storage)", fn, (int)k, (int)eid, d->dim_exprs[x].text, (long long)v, (long long)hi);
+    }
+  }
+  int skipped = 0;
+  for (int32_t eid = 0; eid < d->num_entries; ++eid) {
+    const KilnEntryDesc* e = &d->entries[eid];
+    for (int32_t k = 0; k < e->ndim; ++k) {
+      int32_t x = dim_expr(d, e, k);
+      if (x < 0) continue;
+      if (expr_known(d, x, known)) m->shapes[e->shape_offset + k] = m->dim_values[x];
+      else skipped = 1;
+    }
+  }
+  m->partial = skipped;
+  memcpy(m->applied, m->sym, sizeof(int64_t) * (size_t)d->num_symbols);
+  return KILN_OK;
+}
+
 /* Evaluate every dim expression at the current symbol values; check that each dynamic input's
- * shape is what they make it (the inputs agree); then, if a symbol changed, write every entry's
- * actual dims (never past the planned upper bound). Called with the lock held (or before the
- * instance is shared). */
-static int32_t update_shapes(KilnModel* m, const char* fn, int check_inputs) {
+ * shape is what they make it (the inputs agree); then apply them (apply_symbols, `known` as
+ * there). A refused run leaves `dirty` set, so the next one checks again. Lock held, or the
+ * instance not yet shared. */
+static int32_t update_shapes(KilnModel* m, const char* fn, int check_inputs, int32_t known) {
   const KilnModelDesc* d = m->desc;
   d->eval_dims(m->sym, m->dim_values);
   for (int32_t i = 0; i < d->num_inputs && check_inputs; ++i) {
@@ -177,35 +236,62 @@ static int32_t update_shapes(KilnModel* m, const char* fn, int check_inputs) {
       if (x < 0 || want[k] == given[k] || n >= sizeof why) continue;
       const KilnDimExprDesc* ex = &d->dim_exprs[x];
       n += (size_t)snprintf(why + n, sizeof why - n, "%s%s = %lld (from input '%s')", n ? ", " : "", ex->text,
-                            (long long)want[k], d->inputs[m->sym_from[ex->symbol]].name);
+                            (long long)want[k],
+                            m->sym_from[ex->symbol] >= 0 ? d->inputs[m->sym_from[ex->symbol]].name : "a kernel");
     }
     if (why[0])
       return FAIL(KILN_ERR_SHAPE, "%s: inconsistent input shapes: input '%s' has shape %s, but %s makes it %s", fn,
                   d->inputs[i].name, KilnShapeText(e->ndim, given, a, sizeof a), why,
                   KilnShapeText(e->ndim, want, b, sizeof b));
   }
-  m->dirty = 0;
-  if (memcmp(m->sym, m->applied, sizeof(int64_t) * (size_t)d->num_symbols) == 0) return KILN_OK;
-  for (int32_t eid = 0; eid < d->num_entries; ++eid) {
-    const KilnEntryDesc* e = &d->entries[eid];
+  int32_t s = apply_symbols(m, fn, 1, known);
+  if (s == KILN_OK) m->dirty = 0;
+  return s;
+}
+
+/* Undo what op `op`'s kernel wrote into its arguments' shapes: every dim that is a symbol gets the
+ * value the shapes were last written for. Dim expression x < num_symbols is symbol x itself: a
+ * promise of the generator (model_api._dynamic_tables) that KilnModelCreate checks (check_dim_exprs). */
+static void restore_reported(KilnModel* m, int32_t op) {
+  const KilnModelDesc* d = m->desc;
+  const KilnOpDesc* o = &d->ops[op];
+  for (int32_t a = 0; a < o->num_args; ++a) {
+    const KilnEntryDesc* e = &d->entries[d->op_args[o->first_arg + a]];
     for (int32_t k = 0; k < e->ndim; ++k) {
       int32_t x = dim_expr(d, e, k);
-      if (x < 0) continue;
-      int64_t v = m->dim_values[x], hi = d->shapes[e->shape_offset + k];
-      if (v < 0 || v > hi)
-        return FAIL(KILN_ERR_SHAPE, "%s: dim %d of graph entry %d, %s, is %lld, outside 0..%lld (its planned "
-                    "storage)", fn, (int)k, (int)eid, d->dim_exprs[x].text, (long long)v, (long long)hi);
+      if (x >= 0 && x < d->num_symbols) m->shapes[e->shape_offset + k] = m->applied[x];
     }
   }
-  for (int32_t eid = 0; eid < d->num_entries; ++eid) {
-    const KilnEntryDesc* e = &d->entries[eid];
-    for (int32_t k = 0; k < e->ndim; ++k) {
-      int32_t x = dim_expr(d, e, k);
-      if (x >= 0) m->shapes[e->shape_offset + k] = m->dim_values[x];
+}
+
+/* After reports[r0..r1) 's kernel (one op) ran: read each data-dependent dim it reported, check it
+ * against the symbol's range and re-shape every entry. A value out of range (or one that would put
+ * a dim past its storage) keeps the symbols' previous values and the shapes they give, the
+ * kernel's writes undone, so that the instance runs again normally. Lock held. */
+static int32_t take_reports(KilnModel* m, int32_t r0, int32_t r1) {
+  const KilnModelDesc* d = m->desc;
+  const KilnOpDesc* op = &d->ops[m->reports[r0].op];
+  for (int32_t r = r0; r < r1; ++r) {
+    const KilnReport* p = &m->reports[r];
+    const KilnSymbolDesc* y = &d->symbols[p->symbol];
+    int64_t v = m->shapes[d->entries[p->entry].shape_offset + p->dim];
+    if (v < y->lo || v > y->hi) {
+      restore_reported(m, p->op);
+      return FAIL(KILN_ERR_SHAPE, "KilnModelRun: graph node '%s', function '%s': data-dependent dimension '%s' "
+                  "came out as %lld, outside its range %lld..%lld (graph entry %d, dim %d)", op->name, op->func_name,
+                  y->name, (long long)v, (long long)y->lo, (long long)y->hi, (int)p->entry, (int)p->dim);
     }
   }
-  memcpy(m->applied, m->sym, sizeof(int64_t) * (size_t)d->num_symbols);
-  return KILN_OK;
+  for (int32_t r = r0; r < r1; ++r) {
+    const KilnReport* p = &m->reports[r];
+    m->sym[p->symbol] = m->shapes[d->entries[p->entry].shape_offset + p->dim];
+  }
+  int32_t s = apply_symbols(m, "KilnModelRun", 0, m->reports[r0].op);
+  if (s != KILN_OK) {
+    for (int32_t r = r0; r < r1; ++r) m->sym[m->reports[r].symbol] = m->applied[m->reports[r].symbol];
+    restore_reported(m, m->reports[r0].op);
+  }
+  return s;
 }
 
 /* ---------------- params (docs/params_format.md) ---------------- */
@@ -373,6 +459,68 @@ static int32_t read_file(const char* path, uint8_t** data, uint64_t* n) {
   return KILN_OK;
 }
 
+/* What the C side relies on in a dynamic model's expression tables, which the generator
+ * (model_api._dynamic_tables) guarantees: expression j < num_symbols is symbol j itself
+ * (restore_reported), and version-3 tables say per expression after which kernel it is known. */
+static int32_t check_dim_exprs(const KilnModelDesc* d) {
+  if (d->num_dim_exprs < d->num_symbols)
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: %d dim expressions for %d symbols (each symbol is one)",
+                (int)d->num_dim_exprs, (int)d->num_symbols);
+  for (int32_t j = 0; j < d->num_symbols; ++j)
+    if (d->dim_exprs[j].symbol != j || strcmp(d->dim_exprs[j].text, d->symbols[j].name) != 0)
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: dim expression %d is '%s', not symbol %d '%s' itself", (int)j,
+                  d->dim_exprs[j].text, (int)j, d->symbols[j].name);
+  if (d->api_version < 3) return KILN_OK;
+  if (!d->dim_expr_after)
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: version-3 tables without dim_expr_after");
+  for (int32_t x = 0; x < d->num_dim_exprs; ++x)
+    if (d->dim_expr_after[x] < -1 || d->dim_expr_after[x] >= d->num_ops)
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: dim expression '%s' is known after op %d, not one of the "
+                  "model's %d ops", d->dim_exprs[x].text, (int)d->dim_expr_after[x], (int)d->num_ops);
+  return KILN_OK;
+}
+
+/* The data-dependent symbols' reports (KilnSymbolDesc.input -1), sorted by op: each read from the first
+ * argument dim of its op that is the symbol (the first output the kernel reports it on, as
+ * kiln.runtime.dynamic_shapes.data_dim_sources picks). The generator guarantees what is checked here;
+ * the checks make a damaged table an error instead of a crash. */
+static int32_t find_reports(KilnModel* m) {
+  const KilnModelDesc* d = m->desc;
+  int32_t n = 0, first = -1;
+  for (int32_t j = 0; j < d->num_symbols; ++j)
+    if (d->symbols[j].input < 0) {
+      if (first < 0) first = j;
+      ++n;
+    }
+  if (n == 0) return KILN_OK;
+  if (d->api_version < 3)
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: symbol '%s' is data-dependent, which version-%d tables cannot "
+                "hold (version 3)", d->symbols[first].name, (int)d->api_version);
+  m->reports = calloc((size_t)n, sizeof(KilnReport));
+  if (!m->reports) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+  for (int32_t j = 0; j < d->num_symbols; ++j) {
+    const KilnSymbolDesc* y = &d->symbols[j];
+    if (y->input >= 0) continue;
+    if (y->dim < 0 || y->dim >= d->num_ops || d->ops[y->dim].kind != KILN_OP_CALL || d->ops[y->dim].flatten)
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: data-dependent symbol '%s' names op %d, not a kernel call of "
+                  "the model's %d ops", y->name, (int)y->dim, (int)d->num_ops);
+    const KilnOpDesc* op = &d->ops[y->dim];
+    KilnReport rep = {y->dim, j, -1, -1};
+    for (int32_t a = 0; a < op->num_args && rep.entry < 0; ++a) {
+      int32_t eid = d->op_args[op->first_arg + a];
+      for (int32_t k = 0; k < d->entries[eid].ndim && rep.entry < 0; ++k)
+        if (dim_expr(d, &d->entries[eid], k) == j) rep.entry = eid, rep.dim = k;
+    }
+    if (rep.entry < 0)
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: data-dependent symbol '%s': no argument of graph node '%s' has "
+                  "it as a dim", y->name, op->name);
+    int32_t at = m->num_reports++;
+    for (; at > 0 && m->reports[at - 1].op > rep.op; --at) m->reports[at] = m->reports[at - 1];
+    m->reports[at] = rep;
+  }
+  return KILN_OK;
+}
+
 /* ---------------- create / free ---------------- */
 KILN_DLL void KilnModelFree(KilnModel* m) {
   if (!m) return;
@@ -394,6 +542,7 @@ KILN_DLL void KilnModelFree(KilnModel* m) {
   free(m->dim_values);
   free(m->in_shapes);
   free(m->in_shape_at);
+  free(m->reports);
   pthread_mutex_destroy(&m->mu);
   free(m);
 }
@@ -418,9 +567,9 @@ static int32_t bind_linked_params(KilnModel* m) {
 KILN_HIDDEN int32_t KilnModelCreateFromDesc(const KilnModelDesc* d, const char* params_path, KilnModel** out) {
   if (!out) return FAIL(KILN_ERR_ARGUMENT, "KilnModelCreate: out is NULL");
   *out = NULL;
-  if (d->api_version != KILN_MODEL_API_VERSION)
-    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: the model tables are version %d, this code reads version %d",
-                (int)d->api_version, KILN_MODEL_API_VERSION);
+  if (d->api_version < KILN_MODEL_TABLES_MIN_VERSION || d->api_version > KILN_MODEL_TABLES_VERSION)
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: the model tables are version %d, this code reads versions %d..%d",
+                (int)d->api_version, KILN_MODEL_TABLES_MIN_VERSION, KILN_MODEL_TABLES_VERSION);
   if (d->unsupported) return FAIL(KILN_ERR_UNSUPPORTED, "KilnModelCreate: %s", d->unsupported);
   KilnModel* m = calloc(1, sizeof(KilnModel));
   if (!m) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
@@ -510,7 +659,9 @@ KILN_HIDDEN int32_t KilnModelCreateFromDesc(const KilnModelDesc* d, const char* 
       m->applied[j] = d->symbols[j].hi + 1; /* differs: the first update writes every shape */
       m->sym_from[j] = d->symbols[j].input;
     }
-    int32_t st = update_shapes(m, "KilnModelCreate", 0);
+    int32_t st = check_dim_exprs(d);
+    if (st == KILN_OK) st = find_reports(m);
+    if (st == KILN_OK) st = update_shapes(m, "KilnModelCreate", 0, INT32_MAX);
     if (st != KILN_OK) {
       KilnModelFree(m);
       return st;
@@ -875,8 +1026,8 @@ KILN_DLL int32_t KilnModelRun(KilnModel* m) {
       return FAIL(KILN_ERR_STATE, "KilnModelRun: input '%s' was never set (KilnModelSetInput)", d->inputs[i].name);
   int32_t status = KILN_OK;
   pthread_mutex_lock(&m->mu);
-  if (m->shapes && m->dirty) status = update_shapes(m, "KilnModelRun", 1);
-  int32_t i = 0;
+  if (m->shapes && m->dirty) status = update_shapes(m, "KilnModelRun", 1, -1);
+  int32_t i = 0, r = 0;
   while (i < d->num_ops && status == KILN_OK) {
     const KilnOpDesc* op = &d->ops[i];
     if (op->kind == KILN_OP_COPY) {
@@ -885,8 +1036,11 @@ KILN_DLL int32_t KilnModelRun(KilnModel* m) {
       ++i;
       continue;
     }
+    /* the next kernel reporting a data-dependent dim ends the run of calls: the kernels after it
+     * read the extent it decides */
+    int32_t end = r < m->num_reports ? m->reports[r].op + 1 : d->num_ops;
     int32_t j = i;
-    while (j < d->num_ops && d->ops[j].kind == KILN_OP_CALL) ++j;
+    while (j < end && d->ops[j].kind == KILN_OP_CALL) ++j;
     int32_t failed = KilnRunSequence(&m->calls[i], j - i);
     if (failed != -1) {
       const KilnOpDesc* bad = &d->ops[i + failed];
@@ -894,6 +1048,12 @@ KILN_DLL int32_t KilnModelRun(KilnModel* m) {
       snprintf(msg, sizeof msg, "%s", KilnGetLastError());
       status = FAIL(KILN_ERR_KERNEL, "graph node '%s', function '%s' failed: %s", bad->name, bad->func_name,
                     msg[0] ? msg : "no error message recorded");
+      if (r < m->num_reports && m->reports[r].op == i + failed) restore_reported(m, i + failed);
+    } else if (j == end && r < m->num_reports) {
+      int32_t r1 = r;
+      while (r1 < m->num_reports && m->reports[r1].op == m->reports[r].op) ++r1;
+      status = take_reports(m, r, r1);
+      r = r1;
     }
     i = j;
   }

@@ -24,8 +24,10 @@
  * KilnModelSetInputTensor); after KilnModelRun, KilnModelGetOutputShape is an output's actual
  * shape and KilnModelGetOutput copies exactly that, compact. A dim out of range, a static dim that
  * differs, a wrong ndim (KilnModelSet*) and inputs that disagree on a symbol (KilnModelRun) are
- * KILN_ERR_SHAPE with a message naming the input, the dim, the symbol and its range. Models whose
- * dims kernels decide at run time (data-dependent dims) or with runtime control flow are
+ * KILN_ERR_SHAPE with a message naming the input, the dim, the symbol and its range. Dims that
+ * kernels decide at run time (data-dependent dims: NonZero's count, ...) are symbols too: the run
+ * takes each value from its kernel and re-shapes what follows; a value outside the symbol's range
+ * is KILN_ERR_SHAPE from KilnModelRun, naming the graph node. Models with runtime control flow are
  * KILN_ERR_UNSUPPORTED at KilnModelCreate, with the reason.
  *
  * Version 2 only adds to version 1: every version-1 function keeps its meaning for a static model,
@@ -113,7 +115,8 @@ KILN_DLL int32_t KilnModelSetInputShaped(KilnModel* model, int32_t index, const 
 KILN_DLL int32_t KilnModelSetInputTensor(KilnModel* model, int32_t index, const DLTensor* tensor);
 
 /* Run the model once on the inputs set so far (every input must have been set: KILN_ERR_STATE;
- * dynamic inputs must agree on every symbol: KILN_ERR_SHAPE). */
+ * dynamic inputs must agree on every symbol, and a data-dependent dim a kernel reports must be in
+ * its symbol's range: KILN_ERR_SHAPE). */
 KILN_DLL int32_t KilnModelRun(KilnModel* model);
 
 /* Output `index`'s actual shape as the last run computed it (before any run: its shape at every

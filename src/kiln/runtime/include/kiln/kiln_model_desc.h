@@ -15,6 +15,12 @@
  * upper-bound shape (`shapes` holds the upper bounds) and adds its symbols, each distinct symbolic
  * dim as an expression (computed together by `eval_dims`) and, per dim of `shapes`, the expression
  * that gives it. Static graphs have num_symbols = 0 and NULL there.
+ *
+ * A data-dependent symbol (NonZero's count ...) is given by no input but reported by a kernel
+ * (kiln.tir.set_extent writes it into the shape of the kernel's output DLTensor); its
+ * KilnSymbolDesc has input -1 and names that kernel's op. Tables that have one are version 3,
+ * all others version 2 (the same layout, with dim_expr_after left out), so that code reading only
+ * version 2 refuses them.
  */
 #ifndef KILN_MODEL_DESC_H_
 #define KILN_MODEL_DESC_H_
@@ -52,12 +58,13 @@ typedef struct {
 } KilnNamedEntry;
 
 /* A symbol (dynamic dimension): its range, and the first input dim that is exactly this symbol
- * (inputs give the symbols their values; a model with a symbol no input dim gives is unsupported). */
+ * (inputs give the symbols their values), or for a data-dependent symbol the op whose kernel
+ * reports its value (read from the first of the op's argument dims that is the symbol). */
 typedef struct {
   const char* name;
   int64_t lo, hi;
-  int32_t input; /* index into KilnModelDesc.inputs */
-  int32_t dim;
+  int32_t input; /* index into KilnModelDesc.inputs; -1: data-dependent */
+  int32_t dim;   /* the dim of that input; data-dependent: the index in KilnModelDesc.ops of its kernel */
 } KilnSymbolDesc;
 
 /* A distinct symbolic dim: its canonical text (kiln.runtime.sym, e.g. "batch*seq") and the first
@@ -67,6 +74,10 @@ typedef struct {
   int32_t symbol;
 } KilnDimExprDesc;
 
+/* The table versions this code reads (KilnModelDesc.api_version; others are KILN_ERR_FORMAT). */
+#define KILN_MODEL_TABLES_MIN_VERSION 2
+#define KILN_MODEL_TABLES_VERSION 3
+
 /* Writes values[i] of every dim expression i from the symbols' values (floor division floors). */
 typedef void (*KilnEvalDimsFunc)(const int64_t* symbols, int64_t* values);
 
@@ -74,7 +85,7 @@ typedef void (*KilnEvalDimsFunc)(const int64_t* symbols, int64_t* values);
 static inline int64_t KilnFloorDiv(int64_t a, int64_t b) { return a / b - (a % b < 0); }
 
 typedef struct {
-  int32_t api_version;        /* KILN_MODEL_API_VERSION the tables were written for */
+  int32_t api_version;        /* the tables' version: 2, or 3 with data-dependent symbols */
   const char* mod_name;       /* the factory's module name ("default") */
   const char* unsupported;    /* NULL, or why this model cannot run through the C API */
   int32_t num_entries;
@@ -100,6 +111,10 @@ typedef struct {
   const KilnDimExprDesc* dim_exprs;
   KilnEvalDimsFunc eval_dims;
   const int32_t* dim_expr;       /* per dim of `shapes`: -1 static, else the index of the expression giving it */
+  /* version 3 only (NULL in version-2 tables, which end at dim_expr): per dim expression, -1 if it
+   * uses no data-dependent symbol, else the index in `ops` of the last kernel reporting one it
+   * uses -- in a run, its value is known only once that kernel ran */
+  const int32_t* dim_expr_after;
 } KilnModelDesc;
 
 /* One build of a portable library (kiln.build_portable): its tables and the CPU features it needs,
