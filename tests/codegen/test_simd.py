@@ -207,7 +207,7 @@ def test_gemm_odd_shapes(target: str) -> None:
 def test_gemm_tile_guards_are_unswitched() -> None:
     """A row tail puts guards inside the k loop; the codegens see a guard-free copy of it."""
     f, *_ = _gemm_case("dense", (13, 40, 32), False, "g")
-    body = str(unswitch_loops(f.body))
+    body = str(unswitch_loops(f.body, f.params))
     # the fast version: a k loop with no `if` between it and its vector loops
     fast = re.search(r"for k in range\(40\):\n((?:\s+for i1 in range\(16\):.*\n\s+dense\[.*\n)+)", body)
     assert fast is not None, body
@@ -238,7 +238,8 @@ def test_loops_around_an_unrolled_tile_are_not_unrolled_again() -> None:
     without a tile keep LLVM's unroller."""
     f, *_ = _gemm_case("dense", (60, 64, 64), False, "gk")
     around_tile = {x.loop_var.name for x in _loops(f.body) if x.kind == "serial" and _has_unrolled(x.body)}
-    hinted_tir = {x.loop_var.name for x in _loops(unswitch_loops(f.body)) if x.annotations.get("unroll") is False}
+    hinted_tir = {x.loop_var.name for x in _loops(unswitch_loops(f.body, f.params))
+                  if x.annotations.get("unroll") is False}
     assert "k" in around_tile and hinted_tir == around_tile
     ir = codegen.build_module([f], "llvm -mcpu=haswell").get_source("ll-raw")
     hinted = re.findall(r'br label %"for_(\w+)", !llvm.loop (!\d+)', ir)

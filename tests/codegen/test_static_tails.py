@@ -73,3 +73,55 @@ def test_batched_matmul_with_a_fused_batch_and_tile_axis() -> None:
         gm.set_input(a=a)
         gm.run()
         np.testing.assert_allclose(gm.get_output(0).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def _dynamic_rows() -> tuple[Graph, dict]:
+    # M in 1..256 rows, tiled by 6 (AVX-512): 256 % 6 != 0, so each row of a tile is guarded
+    # against the static 256 as well as the runtime M
+    w = np.random.default_rng(7).standard_normal((64, 32)).astype("float32")
+    g = Graph()
+    g.declare_dim("m", 1, 256)
+    x = g.add_input("x", ("m", 32))
+    g.outputs = [g.add("relu", g.add("dense", x, g.add_input("w", w.shape)))]
+    return g, {"w": w}
+
+
+def _static_row_guards(body) -> int:
+    from kiln.tir.expr import BinaryOp
+    from kiln.tir.stmt import IfThenElse
+
+    found: list = []
+    post_order_visit(body, lambda n: found.append(n) if isinstance(n, IfThenElse) and isinstance(n.cond, BinaryOp)
+                     and n.cond.op == "lt" and isinstance(n.cond.b, IntImm) and n.cond.b.value == 256 else None)
+    return len(found)
+
+
+def test_runtime_tail_drops_the_static_guard_it_implies() -> None:
+    """The runtime row count is at most the upper bound (the argument check enforces it), so
+    once the tile loop is partitioned by it the guards ``row < 256`` are dead: dropped with the
+    runtime guards, given the kernel's parameters; kept without them."""
+    from kiln.tir.unswitch import extent_bounds, partition_tail_tiles, unswitch_loops
+
+    g, p = _dynamic_rows()
+    (func,) = lower(g, AVX512, params=p).funcs
+    assert _static_row_guards(func.body) > 0
+    bounds = extent_bounds(func.params)
+    assert list(bounds.values()) == [256]  # one runtime row count, x's and the output's
+    assert _static_row_guards(partition_tail_tiles(func.body, bounds)) == 0
+    assert _static_row_guards(unswitch_loops(func.body, func.params)) == 0
+    assert _static_row_guards(partition_tail_tiles(func.body)) > 0
+    # a smaller bound implies the guard too; a larger one does not: kept
+    assert _static_row_guards(partition_tail_tiles(func.body, {v: 255 for v in bounds})) == 0
+    assert _static_row_guards(partition_tail_tiles(func.body, {v: 257 for v in bounds})) > 0
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_runtime_tail_rows_match_reference(target: str) -> None:
+    g, p = _dynamic_rows()
+    gm = kiln.GraphModule(kiln.build(g, target=target, params=p)["default"](kiln.cpu()))
+    for m in (256, 1, 5, 6, 7, 250, 253, 12):
+        xv = np.random.default_rng(m).standard_normal((m, 32)).astype("float32")
+        gm.set_input(x=xv)
+        gm.run()
+        (want,) = evaluate(g, {"x": xv, **p})
+        np.testing.assert_allclose(gm.get_output(0).numpy(), want, rtol=1e-4, atol=1e-4, err_msg=f"m={m}")

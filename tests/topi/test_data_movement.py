@@ -147,7 +147,7 @@ def test_padded_pool_window_guard_leaves_the_vector_loop() -> None:
     case = Case("max_pool2d_nchwc", [((1, 2, 11, 11, 16), "float32")],
                 {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1, 1, 1)})
     mod, (b,) = build_cases([case], "llvm", "pool2")
-    body = unswitch_loops(b.func.body)
+    body = unswitch_loops(b.func.body, b.func.params)
     loops: list = []
     post_order_visit(body, lambda x: loops.append(x) if isinstance(x, For) and x.kind == "vectorized" else None)
     assert loops and all(plan_vector_loop(lp, 32) is not None for lp in loops), str(b.func)

@@ -156,3 +156,52 @@ def test_schedule_1d_keeps_row_stages() -> None:
     s = topi.schedule_group("softmax", "opaque", [y], "llvm -mcpu=x86-64-v3")
     text = str(tir.lower(s, [x, y], "sm1"))
     assert text.count("exp(") == 1 and "# parallel" not in text
+
+
+def _dynamic_rows(n_max: int) -> tuple[te.Tensor, te.Tensor, tir.Var]:
+    s = tir.Var("s", "int32")
+    x = te.placeholder((1, 4, n_max, n_max), name="x", dyn=(None, None, s, s))
+    return x, softmax(x, -1, lanes=16), s
+
+
+def test_dynamic_row_keeps_the_row_form() -> None:
+    """A row of runtime length (``(1, heads, seq, seq)`` attention scores) keeps the blocked
+    partials: a block is reduced when its last element is inside the row (one condition per
+    vector), the tail after the last whole block element by element; a row past the runtime
+    extent computes nothing, not even its statistics; the scratch row of exponentials stops at
+    the runtime length."""
+    x, y, s = _dynamic_rows(64)
+    assert {"max_part", "max_tail", "exp", "sum_part", "sum_tail"} <= set(_roles(y))
+    sch = topi.schedule_group("softmax", "opaque", [y], "llvm -mcpu=x86-64-v3")
+    text = str(tir.lower(sch, [x, y], "smd"))
+    assert "if kb * 16 + 15 < s:" in text  # a block, one condition
+    assert "s // 16 * 16 + kt < s" in text  # the tail
+    row_guard = text.index("% 64 < s:")
+    assert row_guard < text.index("softmax_max_max_part = allocate")  # the whole row body is skipped
+    assert "for i3_outer_1 in range((s + 15) // 16):" in text  # exponentials up to the runtime length
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_dynamic_row_lengths(target: str) -> None:
+    """Every row length from 1 to past two blocks, and the upper bound, with masked entries,
+    through one kernel, against NumPy; the storage outside the valid box holds NaN, which must
+    not reach the output."""
+    from kiln import codegen
+    from tests.te.test_dynamic_extent import _call
+
+    x, y, s = _dynamic_rows(40)
+    sch = topi.schedule_group("softmax", "opaque", [y], target)
+    fn = codegen.build_module([tir.lower(sch, [x, y], "smd")], target)["smd"]
+    rng = np.random.default_rng(5)
+    for n in list(range(1, 36)) + [40]:
+        xv = (rng.standard_normal((1, 4, n, n)) * 4).astype(F32)
+        xv[rng.random(xv.shape) < 0.2] = -np.inf
+        xv[..., 0] = 0.0  # no fully masked row
+        z = np.exp(xv - xv.max(-1, keepdims=True))
+        ref = z / z.sum(-1, keepdims=True)
+        xa = np.full((1, 4, 40, 40), np.nan, F32)
+        xa[:, :, :n, :n] = xv
+        out = np.full((1, 4, 40, 40), -7.0, F32)
+        assert _call(fn, [xa, out], [(1, 4, n, n)] * 2) == 0
+        np.testing.assert_allclose(out[:, :, :n, :n], ref, rtol=3e-6, atol=1e-7, err_msg=f"row length {n}")
+        assert (out[:, :, n:, :] == -7.0).all()  # rows past the runtime extent: nothing written

@@ -29,6 +29,9 @@ CASES: list[Case] = [
     Case("winograd_input_transform", [((2, 1, 6, 5, 4), F32)], {"padding": (0, 1, 2, 0)}),
     Case("winograd_matmul", [((16, 20, 16), F32), ((16, 2, 16, 16), F32)], {"units": 24}),
     Case("winograd_output_transform", [((16, 20, 16), F32)], {"out_height": 7, "out_width": 9, "block": 8}),
+    # the form for symbolic H / W (the data's shape gives the size), here at static shapes
+    Case("winograd_output_transform", [((16, 9, 16), F32), ((1, 2, 6, 5, 8), F32)],
+         {"out_height": 5, "out_width": 6, "block": 8, "padding": (0, 1, 1, 2)}),
 ]
 
 get_module = module_builder(CASES, "winograd")
@@ -83,6 +86,19 @@ def test_type_errors() -> None:
         g.add("winograd_output_transform", m, out_height=5, out_width=5, block=8)
     with pytest.raises(InputError):  # the 3x3 window does not fit
         g.add("winograd_input_transform", g.add_input("x", (1, 1, 1, 2, 8)))
+    x = g.add_input("x2", (1, 2, 6, 5, 8))
+    m2 = g.add_input("m2", (16, 9, 16))
+    with pytest.raises(InputError):  # the data input needs the conv's padding
+        g.add("winograd_output_transform", m2, x, out_height=5, out_width=6, block=8)
+    with pytest.raises(InputError):  # a 6x5 window with this padding is 5x6, not 6x6
+        g.add("winograd_output_transform", m2, x, out_height=6, out_width=6, block=8, padding=(0, 1, 1, 2))
+    g.declare_dim("h", 4, 9)
+    xs = g.add_input("xs", (1, 2, "h", 5, 8))
+    ms = g.add_input("ms", (16, 15, 16))  # static tiles against a symbolic height
+    with pytest.raises(InputError):
+        g.add("winograd_output_transform", ms, xs, out_height=9, out_width=5, block=8, padding=(1, 1, 1, 1))
+    v = g.add("winograd_input_transform", xs, padding=(1, 1, 1, 1))
+    assert v.type.dims == (16, "3*((h+1)//2)", 16)
 
 
 #: (C, K, H, W, padding, epilogue): the compiled cases, all in one graph per target (compiling
@@ -226,3 +242,64 @@ if __name__ == "__main__":
         (64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7), (64, 128, 56), (128, 64, 28),
         (128, 256, 28), (256, 128, 14), (256, 512, 14), (512, 256, 7), (256, 256, 12), (256, 256, 10), (128, 128, 8)]
     _bench_layers([(s[0], s[1], s[2]) for s in _shapes], _target)
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_symbolic_batch(target: str, monkeypatch: Any) -> None:
+    """A symbolic batch keeps Winograd (the tiles are a batch-major row count): one library
+    run at several batches, an odd output (cut tiles) and a residual epilogue, against
+    ``evaluate``."""
+    monkeypatch.setenv(WINOGRAD_ENV, "1")
+    rng = np.random.default_rng(3)
+    g = Graph()
+    g.declare_dim("n", 1, 5)
+    x = g.add_input("x", ("n", 8, 7, 9))
+    w1 = g.add_constant((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(F32))
+    w2 = g.add_constant((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(F32))
+    y1 = g.add("relu", g.add("conv2d", x, w1, padding=(1, 1, 1, 1)))
+    g.outputs = [g.add("relu", g.add("add", g.add("conv2d", y1, w2, padding=(1, 1, 1, 1)), y1))]
+    ops = optimize(g, {}).op_counts()
+    assert ops.get("winograd_output_transform") == 2 and "conv2d_nchwc" not in ops, ops
+    gm = kiln.GraphModule(kiln.build(g, target=target)["default"](kiln.cpu()))
+    for n in (3, 1, 5, 2):  # smaller after larger: nothing of the earlier run may leak
+        xv = rng.standard_normal((n, 8, 7, 9)).astype(F32)
+        gm.set_input(x=xv)
+        gm.run()
+        got = gm.get_output(0).numpy()
+        assert got.shape == (n, 16, 7, 9)
+        np.testing.assert_allclose(got, evaluate(g, {"x": xv})[0], rtol=1e-4, atol=1e-4, err_msg=f"batch {n}")
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_symbolic_spatial(target: str, monkeypatch: Any) -> None:
+    """Symbolic H, W and batch keep Winograd: the tiles are a flat row count at the runtime
+    sizes.  One library run at odd and even sizes, smaller after larger (stale padding and
+    stale tiles must not leak), through two chained convs with a residual add and a conv with
+    asymmetric padding (its output one row smaller), against ``evaluate``."""
+    monkeypatch.setenv(WINOGRAD_ENV, "1")
+    rng = np.random.default_rng(5)
+    g = Graph()
+    g.declare_dim("n", 1, 3)
+    g.declare_dim("h", 4, 13)
+    g.declare_dim("w", 5, 12)
+    x = g.add_input("x", ("n", 8, "h", "w"))
+    w1 = g.add_constant((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(F32))
+    w2 = g.add_constant((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(F32))
+    y1 = g.add("relu", g.add("conv2d", x, w1, padding=(1, 1, 1, 1)))
+    g.outputs = [g.add("relu", g.add("add", g.add("conv2d", y1, w2, padding=(1, 1, 1, 1)), y1)),
+                 g.add("conv2d", y1, w2, padding=(0, 2, 1, 0))]
+    opt = optimize(g, {})
+    ops = opt.op_counts()
+    assert ops.get("winograd_output_transform") == 3 and "conv2d_nchwc" not in ops, ops
+    outs = [n for n in opt.nodes if n.op == "winograd_output_transform"]
+    assert all(len(n.inputs) == 2 for n in outs)  # the form that reads the runtime H, W
+    assert [outs[0].outputs[0].type.dims[i] for i in (0, 2, 3)] == ["n", "h", "w"]
+    gm = kiln.GraphModule(kiln.build(g, target=target)["default"](kiln.cpu()))
+    for n, h, w in [(2, 13, 12), (1, 7, 9), (3, 4, 5), (1, 10, 6), (2, 13, 12)]:
+        xv = rng.standard_normal((n, 8, h, w)).astype(F32)
+        gm.set_input(x=xv)
+        gm.run()
+        for i, ref in enumerate(evaluate(g, {"x": xv})):
+            got = gm.get_output(i).numpy()
+            assert got.shape == ref.shape == ((n, 16, h, w), (n, 16, h - 1, w))[i]
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=f"output {i} at {n}x{h}x{w}")

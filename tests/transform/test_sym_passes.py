@@ -71,8 +71,8 @@ def test_cnn_pipeline_keeps_batch(level):
     g = _cnn()
     h = default_pipeline(opt_level=level)(g)
     assert h.outputs[0].type.dims == ("batch", 10)
-    if level == 3:
-        assert "conv2d_nchwc" in h.op_counts()
+    if level == 3:  # the blocked conv, or its Winograd form (a symbolic batch keeps it)
+        assert {"conv2d_nchwc", "winograd_output_transform"} & set(h.op_counts())
     _check_kept(g, h, {"x": RNG.standard_normal((8, 3, 16, 16)).astype("float32")})
 
 

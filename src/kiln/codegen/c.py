@@ -154,7 +154,7 @@ class CCodeGen(CStylePrinter):
             nm = self._buf_name(b)
             w(f"  {ct}* restrict {nm} = ({ct}*)((char*)((DLTensor*)args[{i}].v_handle)->data + "
               f"((DLTensor*)args[{i}].v_handle)->byte_offset);")
-        self._stmt(unswitch_loops(f.body), lines, 1)
+        self._stmt(unswitch_loops(f.body, f.params), lines, 1)
         w("  return 0;")
         w("}")
         self._chunks.extend(self._lambdas)

@@ -208,7 +208,7 @@ class LLVMCodeGen:
         for a, p in zip(comp.args[len(f.params) + len(dvars):], reported):
             a.name = f"{f.params[p].name}_shape"
             st.shapes[p] = a
-        self._stmt(st, unswitch_loops(f.body))
+        self._stmt(st, unswitch_loops(f.body, f.params))
         st.b.ret(ir.Constant(I32, 0))
         self._packed_wrapper(name, f.params, comp, dvars, reported)
 

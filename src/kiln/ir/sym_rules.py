@@ -570,12 +570,49 @@ def _layout_transform(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]
     return [_sym(dims, outs[0])]
 
 
-@sym_rule("winograd_input_transform", "winograd_matmul", "winograd_output_transform")
-def _winograd(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
-    # the layout pass only makes them for static shapes: the tile count is compiled in
-    for t in ts:
-        _all_static(t, "a Winograd convolution's operand")
-    return [_sym(outs[0].shape, outs[0])]
+def _winograd_grid(x: TensorType, pad: Sequence[int]) -> tuple[Dim, Dim, Dim]:
+    """``(OH, OW, T)`` of the Winograd conv of blocked data ``x``: the output size and the flat
+    tile count ``N * ceil(OH / 2) * ceil(OW / 2)``, symbolic where ``x``'s dims are."""
+    _static_only(x, (1, 4), "a Winograd convolution's data", "only a symbolic batch, height or width")
+    pt, pl, pb, pr = (int(p) for p in pad)
+    oh, ow = sym.add(x.dims[2], pt + pb - 2), sym.add(x.dims[3], pl + pr - 2)
+    tiles = sym.mul(sym.floordiv(sym.add(oh, 1), 2), sym.floordiv(sym.add(ow, 1), 2))
+    return oh, ow, sym.mul(x.dims[0], tiles)
+
+
+@sym_rule("winograd_input_transform")
+def _winograd_in(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
+    # the tiles are row-major over (n, ty, tx) at the runtime TH, TW: the valid rows are a
+    # prefix whatever is symbolic
+    return [_sym((16, _winograd_grid(ts[0], attrs["padding"])[2], outs[0].shape[2]), outs[0])]
+
+
+@sym_rule("winograd_matmul")
+def _winograd_mm(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
+    v, u = ts
+    _static_only(v, (0, 2), "winograd_matmul's V", "only a symbolic tile count")
+    _all_static(u, "winograd_matmul's weight panels")
+    return [_sym((16, v.dims[1], outs[0].shape[2]), outs[0])]
+
+
+@sym_rule("winograd_output_transform")
+def _winograd_out(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
+    m = ts[0]
+    _static_only(m, (0, 2), "winograd_output_transform's M", "only a symbolic tile count")
+    tiles = m.dims[1]
+    if len(ts) == 2:
+        # symbolic H / W: the output is the data's window, the tiles must be its tiles
+        oh, ow, want = _winograd_grid(ts[1], attrs["padding"])
+        if want != tiles:
+            raise InputError(f"winograd_output_transform: M has {tiles!r} tiles, the data {want!r}")
+        return [_sym((ts[1].dims[0],) + outs[0].shape[1:2] + (oh, ow) + outs[0].shape[4:], outs[0])]
+    # no data: H and W are static, so the tiles per image are compiled in
+    per_image = m.shape[1] // outs[0].shape[0]
+    batch = sym.floordiv(tiles, per_image)
+    if sym.mul(batch, per_image) != tiles:
+        raise InputError(f"winograd_output_transform: {tiles!r} tiles are no whole number of images of "
+                         f"{per_image} tiles")
+    return [_sym((batch,) + outs[0].shape[1:], outs[0])]
 
 
 @sym_rule("grid_sample")

@@ -39,7 +39,20 @@ from ..tir.functor import children, collect_vars, post_order_visit
 from ..tir.simplify import Analyzer
 from .tensor import IterVar, Operation, PlaceholderOp, Tensor
 
-__all__ = ["explicit_dyn", "infer_axis_extents", "tensor_dyn", "dyn_guard", "relaxed_guards"]
+__all__ = ["explicit_dyn", "infer_axis_extents", "tensor_dyn", "dyn_guard", "relaxed_guards", "VALID_BOX_ONLY",
+           "PADDED_EXTENTS"]
+
+#: Compute attribute: the operation's readers read nothing outside its valid box, so a stage of
+#: it attached to a reader still stops its dynamic axes at their runtime extents (an attached
+#: stage otherwise computes the whole region its readers index, bounded statically).
+VALID_BOX_ONLY = "valid_box_only"
+
+#: Compute attribute ``((axis, n, add), ...)``: along ``axis`` the values past ``n + add`` (``n``
+#: a runtime extent of an input) are never read, so a kernel-internal stage of it stops there.
+#: A zero-padded copy of a dynamic axis (:func:`kiln.topi.transform.pad_compute`): a window
+#: op's reads end before ``extent + padding``, and the copy's loops otherwise run over the
+#: padded upper bound at every size.
+PADDED_EXTENTS = "padded_extents"
 
 
 def _guarded_loads(bodies: Sequence[PrimExpr]) -> list[tuple[ProducerLoad, tuple[PrimExpr, ...]]]:
@@ -72,14 +85,21 @@ def _conjuncts(cond: PrimExpr) -> tuple[PrimExpr, ...]:
     return (cond,)
 
 
-def _guarded(idx: PrimExpr, v: Var, facts: Sequence[PrimExpr]) -> bool:
-    """Whether a fact says ``idx < v`` (the index is below the runtime extent where read)."""
+def _guarded(idx: PrimExpr, v: Var, facts: Sequence[PrimExpr], ana: Analyzer | None = None) -> bool:
+    """Whether a fact says ``idx < v`` (the index is below the runtime extent where read): the
+    fact is ``idx < v`` itself, or ``a < v`` with ``a >= idx`` over the axes' ranges (``ana``):
+    a block's last element ``b * L + L-1 < n`` guards each of its elements ``b * L + l``: one
+    condition for the whole vector."""
     for f in facts:
         if isinstance(f, BinaryOp) and f.op == "lt":
             bound = f.b
             while isinstance(bound, Cast):
                 bound = bound.value
-            if bound is v and structural_equal(f.a, idx):
+            if bound is not v:
+                continue
+            if structural_equal(f.a, idx):
+                return True
+            if ana is not None and ana.const_int_bound(ana.simplify(binary("sub", f.a, idx)))[0] >= 0:
                 return True
     return False
 
@@ -102,7 +122,8 @@ def explicit_dyn(op: Operation) -> Any:
 
 
 def infer_axis_extents(op: Operation, bodies: Sequence[PrimExpr], dyn_of: Callable[[Tensor], Any],
-                       fname: str, original: Sequence[PrimExpr] = ()) -> dict[IterVar, Var]:
+                       fname: str, original: Sequence[PrimExpr] = (),
+                       trusted: Any = None) -> dict[IterVar, Var]:
     """Runtime extents of ``op``'s axes (data and reduce) that are dynamic.
 
     Parameters
@@ -120,6 +141,10 @@ def infer_axis_extents(op: Operation, bodies: Sequence[PrimExpr], dyn_of: Callab
         producer whose values do not depend on any dynamic input (``broadcast_to`` of a
         constant to a symbolic length) leaves no dynamic read behind once inlined, yet the
         reader's axis over it must still stop at the runtime extent.
+    trusted : dict of int to ProducerLoad
+        Loads (by id) inlined from an operation that declared its reads in bounds
+        (``dyn_reads_in_bounds``, e.g. the Winograd output transform inlined into its fused
+        epilogue): not checked again here.
 
     Returns
     -------
@@ -165,7 +190,14 @@ def infer_axis_extents(op: Operation, bodies: Sequence[PrimExpr], dyn_of: Callab
     # compute that proves that itself -- index arithmetic on the runtime extents -- says so)
     if getattr(op, "attrs", {}).get("dyn_reads_in_bounds"):
         loads = []
+    ana = Analyzer()
+    for iv in axes:
+        if isinstance(iv.dom_min, int) and isinstance(iv.dom_extent, int):
+            ana.bind(iv.var, iv.dom_min, iv.dom_min + iv.dom_extent - 1)
+    trusted = trusted or {}
     for pl, dyn in loads:
+        if trusted.get(id(pl)) is pl:
+            continue
         for d, v in enumerate(dyn or ()):
             if v is None:
                 continue
@@ -174,7 +206,7 @@ def infer_axis_extents(op: Operation, bodies: Sequence[PrimExpr], dyn_of: Callab
                 continue
             if isinstance(idx, Var) and idx in by_var and ext.get(by_var[idx]) is v:
                 continue
-            if _checked_against(idx, v) or _guarded(idx, v, facts_of.get(id(pl), ())):
+            if _checked_against(idx, v) or _guarded(idx, v, facts_of.get(id(pl), ()), ana):
                 continue
             raise CompileError(
                 f"lower {fname}: {op.name}: index {idx} along dynamic axis {d} (runtime extent {v.name}, at most "

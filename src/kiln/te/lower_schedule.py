@@ -44,7 +44,7 @@ from ..tir.expr import (BinaryOp, Call, IntImm, Load, PrimExpr, ProducerLoad, Re
 from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.simplify import INF, Analyzer, simplify_stmt
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, Stmt, seq
-from .dynamic import dyn_guard, infer_axis_extents, relaxed_guards, tensor_dyn
+from .dynamic import PADDED_EXTENTS, VALID_BOX_ONLY, dyn_guard, infer_axis_extents, relaxed_guards, tensor_dyn
 from .schedule import Fuse, Split
 from .tensor import ComputeOp, IterVar, PlaceholderOp, Tensor
 
@@ -63,30 +63,70 @@ def _ceildiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class _Inliner(Mutator):
-    """Replaces reads of inlined operations by their (already inlined) bodies."""
+def _all_of(conds: list[PrimExpr]) -> PrimExpr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = binary("and", out, c)
+    return out
 
-    def __init__(self, bodies: dict[int, list[PrimExpr]], inlined: set[int]) -> None:
-        self.bodies, self.inlined = bodies, inlined
+
+class _TrustingSubstituter(Mutator):
+    """``substitute`` that keeps the loads of ``trusted`` trusted in the result."""
+
+    def __init__(self, vmap: dict[Var, PrimExpr], trusted: dict[int, ProducerLoad], trust_all: bool) -> None:
+        self.vmap, self.trusted, self.trust_all = vmap, trusted, trust_all
+
+    def visit_Var(self, v: Var) -> PrimExpr:
+        return self.vmap.get(v, v)
+
+    def visit_ProducerLoad(self, e: ProducerLoad) -> PrimExpr:
+        out = self.generic_expr(e)
+        if isinstance(out, ProducerLoad) and (self.trust_all or _is_trusted(self.trusted, e)):
+            self.trusted[id(out)] = out
+        return out
+
+
+def _is_trusted(trusted: dict[int, ProducerLoad], e: ProducerLoad) -> bool:
+    # (the node itself is kept: an id alone could be reused by a later node)
+    return trusted.get(id(e)) is e
+
+
+class _Inliner(Mutator):
+    """Replaces reads of inlined operations by their (already inlined) bodies.
+
+    The loads of an inlined operation that declared its reads in bounds
+    (``dyn_reads_in_bounds``) stay trusted in its readers' bodies, however deep the inlining:
+    they are in ``trusted`` (:func:`kiln.te.dynamic.infer_axis_extents` skips them).
+    """
+
+    def __init__(self, bodies: dict[int, list[PrimExpr]], inlined: set[int], trusted: dict[int, ProducerLoad]) -> None:
+        self.bodies, self.inlined, self.trusted = bodies, inlined, trusted
 
     def visit_ProducerLoad(self, e: ProducerLoad) -> PrimExpr:
         idx = [self.expr(i) for i in e.indices]
         op = e.producer.op
         if id(op) in self.inlined:
-            body = self.bodies[id(op)][e.producer.value_index]
-            return substitute(body, {iv.var: i for iv, i in zip(op.axis, idx)})
-        return ProducerLoad(e.producer, idx)
+            trust_all = bool(getattr(op, "attrs", {}).get("dyn_reads_in_bounds"))
+            sub = _TrustingSubstituter({iv.var: i for iv, i in zip(op.axis, idx)}, self.trusted, trust_all)
+            return sub.expr(self.bodies[id(op)][e.producer.value_index])
+        out = ProducerLoad(e.producer, idx)
+        if _is_trusted(self.trusted, e):
+            self.trusted[id(out)] = out
+        return out
 
 
 class _Redirect(Mutator):
     """Reads of cached tensors go to their cache tensors (``Schedule.cache_read``)."""
 
-    def __init__(self, redirects: dict[Any, Any]) -> None:
-        self.redirects = redirects
+    def __init__(self, redirects: dict[Any, Any], trusted: dict[int, ProducerLoad]) -> None:
+        self.redirects, self.trusted = redirects, trusted
 
     def visit_ProducerLoad(self, e: ProducerLoad) -> PrimExpr:
         idx = [self.expr(i) for i in e.indices]
-        return ProducerLoad(self.redirects.get(e.producer, e.producer), idx)
+        out = ProducerLoad(self.redirects.get(e.producer, e.producer), idx)
+        if _is_trusted(self.trusted, e):
+            self.trusted[id(out)] = out
+        return out
 
 
 class _Resolver(Mutator):
@@ -131,13 +171,15 @@ class _Lowerer:
         # 1. inline
         inlined = {id(st.op) for st in sch.stages if st.attach_type == "inline"}
         self.bodies: dict[int, list[PrimExpr]] = {}
-        inl = _Inliner(self.bodies, inlined)
+        #: loads (by id) inlined from an operation that declared its reads in bounds
+        self.trusted: dict[int, ProducerLoad] = {}
+        inl = _Inliner(self.bodies, inlined, self.trusted)
         for st in sch.stages:
             if isinstance(st.op, ComputeOp):
                 self.bodies[id(st.op)] = [inl.expr(b) for b in st.op.body]
         for op_id, red in getattr(sch, "read_redirects", {}).items():
             if op_id in self.bodies:
-                rdr = _Redirect(red)
+                rdr = _Redirect(red, self.trusted)
                 self.bodies[op_id] = [rdr.expr(b) for b in self.bodies[op_id]]
         # runtime extents of dynamic dimensions (kiln.te.dynamic), then the parameters
         self.inlined = inlined
@@ -171,6 +213,9 @@ class _Lowerer:
                         lst = self.readers.setdefault(id(t.op), [])
                         if st not in lst:
                             lst.append(st)
+        #: a kernel with work-items (a loop bound to a thread index): every work-item must reach
+        #: each barrier
+        self.device_kernel = any(k == "thread_binding" for st in sch.stages for k in st.iter_var_attrs.values())
         self.attached: dict[int, dict[Any, list[Any]]] = {}
         for st in sch.stages:
             if st.attach_type == "scope":
@@ -194,7 +239,7 @@ class _Lowerer:
         else:
             self.tdyn[t] = None  # a cycle cannot happen in a DAG; this only ends recursion early
             bodies = self.bodies.get(id(op), op.body)
-            ext = infer_axis_extents(op, bodies, self._dyn_of, self.name, original=op.body)
+            ext = infer_axis_extents(op, bodies, self._dyn_of, self.name, original=op.body, trusted=self.trusted)
             self.axis_dyn.update(ext)
             dyn = tensor_dyn(op, ext)
         for o in op.outputs:
@@ -324,9 +369,9 @@ class _Lowerer:
             return val, guards
 
         val, guards = pass_up({iv: v for iv, v in zip(leaves, lvars)})
-        guards = self._dyn_guards(st, val, guards, lvars, ana)
         # global indices of data axes, and guards keeping attached regions inside the tensor
         gidx = [mn + val[iv] for iv, (mn, _) in zip(op.axis, region)]
+        guards = self._dyn_guards(st, {**val, **dict(zip(op.axis, gidx))}, guards, lvars, ana)
         local_idx = [val[iv] for iv in op.axis]
         dom_guards: list[PrimExpr] = []
         full = all(isinstance(mn, IntImm) and mn.value == 0 and e == n
@@ -353,6 +398,9 @@ class _Lowerer:
         def level_of(cond: PrimExpr) -> int:
             return max((depth[v] for v in collect_vars(cond) if v in depth), default=-1)
 
+        # (in a device kernel a guard around attached stages could split a work-group at a barrier)
+        no_threads = not self.device_kernel
+
         def build(levels: list[int], vars_: list[Var], body: Stmt, gl: list[PrimExpr], with_children: bool) -> Stmt:
             by_level: dict[int, list[PrimExpr]] = {}
             dv = {v: i for i, v in enumerate(vars_)}
@@ -363,20 +411,19 @@ class _Lowerer:
                 lvl = levels[pos]
                 v = vars_[pos]
                 extent: PrimExpr = const(exts[lvl])
-                conds = []
+                conds, dconds = [], []
                 for c in by_level.get(pos, []):
                     # dynamic guards may bound a loop with a coefficient (relaxed outer guards)
                     bound = _as_extent_bound(c, v, ana, scaled=bool(collect_vars(c) & dyn_vars))
                     # a thread-bound loop keeps its constant extent: it is the launch size
                     if bound is not None and kinds[lvl] not in ("unrolled", "thread_binding"):
                         extent = binary("min", extent, bound)
+                    elif with_children and no_threads and collect_vars(c) & dyn_vars:
+                        dconds.append(c)  # see below
                     else:
                         conds.append(c)
                 if conds:
-                    cond = conds[0]
-                    for c in conds[1:]:
-                        cond = binary("and", cond, c)
-                    body = IfThenElse(cond, body)
+                    body = IfThenElse(_all_of(conds), body)
                 if with_children:
                     kids = children.get(lvl, [])
                     if any(cbuf.scope == "shared" for cbuf, _ in kids):
@@ -385,13 +432,14 @@ class _Lowerer:
                         body = seq(_barrier(), body, _barrier())
                     for cbuf, cnest in reversed(kids):
                         body = Allocate(cbuf, seq(cnest, body))
+                if dconds:
+                    # an iteration past a runtime extent writes nothing: the stages attached
+                    # here (a row's statistics) are only read by it, so skip them too
+                    body = IfThenElse(_all_of(dconds), body)
                 body = For(v, 0, extent, kinds[lvl], body,
                            {"thread_tag": tags[lvl]} if tags[lvl] else None)
             if by_level.get(-1):
-                cond = by_level[-1][0]
-                for c in by_level[-1][1:]:
-                    cond = binary("and", cond, c)
-                body = IfThenElse(cond, body)
+                body = IfThenElse(_all_of(by_level[-1]), body)
             return body
 
         n = len(leaves)
@@ -454,16 +502,28 @@ class _Lowerer:
 
     def _dyn_guards(self, st: Any, val: dict[Any, PrimExpr], guards: list[PrimExpr], lvars: list[Var],
                     ana: Analyzer) -> list[PrimExpr]:
-        """``guards`` plus ``index < n`` for the axes of ``st`` with a runtime extent ``n``.
+        """``guards`` plus ``index < n`` for the axes of ``st`` with a runtime extent ``n``
+        (``val``: each axis's global index, an attached region's start included).
 
         Data axes are guarded in root stages only: an attached stage computes the region its
-        reader needs, and its reader reads only valid elements.  A static split guard on the
-        same index is dropped (``n`` never exceeds the static extent), and each dynamic guard
-        adds its relaxed forms for the outer loops (:func:`kiln.te.dynamic.relaxed_guards`).
+        reader needs, and its reader reads only valid elements; unless the compute says that its
+        readers read nothing outside its valid box (:data:`VALID_BOX_ONLY`), when the region's
+        runtime extent is the tighter bound (a softmax row's scratch of exponentials).  A
+        kernel-internal root stage with :data:`PADDED_EXTENTS` (a conv's zero-padded copy of its
+        input) stops those axes at ``extent + padding``.  A static split guard on the same index is
+        dropped (``n`` never exceeds the static extent), and each dynamic guard adds its relaxed
+        forms for the outer loops (:func:`kiln.te.dynamic.relaxed_guards`).
         """
         op = st.op
-        axes = (list(op.axis) if st.attach_type == "root" else []) + list(op.reduce_axis)
+        attrs = getattr(op, "attrs", None) or {}
+        # (an attached stage whose readers read only its valid box says so: it computes no more)
+        own = st.attach_type == "root" or attrs.get(VALID_BOX_ONLY)
+        axes = (list(op.axis) if own else []) + list(op.reduce_axis)
         dg = [dyn_guard(val[iv], self.axis_dyn[iv]) for iv in axes if iv in self.axis_dyn]
+        if own and not st.is_output:
+            # a kernel-internal padded copy stops at the padded runtime extent (PADDED_EXTENTS)
+            dg += [binary("lt", val[op.axis[a]], binary("add", v, const(add)))
+                   for a, v, add in attrs.get(PADDED_EXTENTS, ()) if v in self.dyn_ranges]
         if not dg:
             return guards
         guards = [g for g in guards if not any(structural_equal(g.a, d.a) for d in dg)]

@@ -25,21 +25,23 @@ elements run as unguarded tiles of 8 and then one tile of exactly the 1 .. 7 ele
 so a runtime width that is no multiple of the tile neither computes a whole guarded tile for
 its last few pixels nor pays for guards in every tile; the full tiles of a depthwise conv
 also get a version without their per-tap bounds checks for the tiles whose whole window is
-inside the image.
+inside the image.  Given the kernel's parameters (:func:`extent_bounds`), it also drops a tile's
+static guard against the upper bound (``xo * t + v < 256`` when ``t`` does not divide it), which
+the runtime extent implies.
 """
 
 from __future__ import annotations
 
 from functools import reduce
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .expr import BinaryOp, Cast, IntImm, Load, PrimExpr, Select, Var, binary, structural_equal
 from .functor import Mutator, collect_vars, post_order_visit, substitute
 from .simplify import simplify, simplify_stmt
 from .stmt import Allocate, Buffer, BufferStore, For, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
-__all__ = ["unswitch_loops", "partition_tail_tiles", "peel_static_tails"]
+__all__ = ["unswitch_loops", "partition_tail_tiles", "peel_static_tails", "extent_bounds"]
 
 
 def _bound_vars(s: Stmt, out: set[Var]) -> None:
@@ -169,13 +171,17 @@ def peel_static_tails(s: Stmt) -> Stmt:
     return _map_children(s, peel_static_tails)
 
 
-def unswitch_loops(s: Stmt) -> Stmt:
+def unswitch_loops(s: Stmt, params: Sequence[Buffer] = ()) -> Stmt:
     """Version serial loops on their loop-invariant tile guards (see the module docstring).
 
     Parameters
     ----------
     s : Stmt
         A kernel body.
+    params : sequence of Buffer
+        The kernel's parameters: a runtime extent is at most its buffer's static dim (the
+        argument check enforces it), which lets :func:`partition_tail_tiles` drop a split's
+        static guards that the runtime extent implies.
 
     Returns
     -------
@@ -183,7 +189,17 @@ def unswitch_loops(s: Stmt) -> Stmt:
         The body with runtime-extent tile loops partitioned (:func:`partition_tail_tiles`) and
         the guard-carrying loops versioned.
     """
-    return _unswitch(partition_tail_tiles(peel_static_tails(s)))
+    return _unswitch(partition_tail_tiles(peel_static_tails(s), extent_bounds(params)))
+
+
+def extent_bounds(params: Sequence[Buffer]) -> dict[Var, int]:
+    """Upper bound of each runtime extent of ``params``: the smallest static dim it sizes."""
+    out: dict[Var, int] = {}
+    for b in params:
+        for v, n in zip(b.dyn or (), b.shape):
+            if v is not None:
+                out[v] = min(int(n), out.get(v, int(n)))
+    return out
 
 
 def _unswitch(s: Stmt) -> Stmt:
@@ -306,20 +322,25 @@ def _tile_loops(body: Stmt, xo: Var, t: int, local: set[Buffer]) -> set[Var] | N
     return tile if ok else None
 
 
-def _is_tail_guard(cond: PrimExpr, xo: Var, t: int, n: PrimExpr, tile: set[Var]) -> bool:
-    """Whether ``cond`` is ``xo * t + v < n`` for a tile loop variable ``v``."""
-    if not (isinstance(cond, BinaryOp) and cond.op == "lt" and structural_equal(cond.b, n)):
+def _is_tail_guard(cond: PrimExpr, xo: Var, t: int, n: PrimExpr, tile: set[Var], limit: int | None) -> bool:
+    """Whether ``cond`` is ``xo * t + v < n`` for a tile loop variable ``v``, or ``xo * t + v < c``
+    for a constant ``c`` at least ``n``'s upper bound ``limit`` (the static split's guard of the
+    upper-bound extent, which every position below ``n`` passes)."""
+    if not (isinstance(cond, BinaryOp) and cond.op == "lt"):
+        return False
+    if not (structural_equal(cond.b, n)
+            or (limit is not None and isinstance(cond.b, IntImm) and cond.b.value >= limit)):
         return False
     rest = simplify(binary("sub", cond.a, binary("mul", xo, IntImm(t, xo.dtype))))
     return isinstance(rest, Var) and rest in tile
 
 
 class _DropTailGuards(Mutator):
-    def __init__(self, xo: Var, t: int, n: PrimExpr, tile: set[Var]) -> None:
-        self.xo, self.t, self.n, self.tile = xo, t, n, tile
+    def __init__(self, xo: Var, t: int, n: PrimExpr, tile: set[Var], limit: int | None) -> None:
+        self.xo, self.t, self.n, self.tile, self.limit = xo, t, n, tile, limit
 
     def visit_IfThenElse(self, s: IfThenElse) -> Stmt:
-        if s.else_case is None and _is_tail_guard(s.cond, self.xo, self.t, self.n, self.tile):
+        if s.else_case is None and _is_tail_guard(s.cond, self.xo, self.t, self.n, self.tile, self.limit):
             return self.stmt(s.then_case)
         return self.generic_stmt(s)
 
@@ -439,7 +460,7 @@ def _version_interior(body: Stmt) -> Stmt:
 _TAIL_SPLIT = 8
 
 
-def _partition(s: For) -> Stmt | None:
+def _partition(s: For, bounds: dict[Var, int]) -> Stmt | None:
     split = _runtime_tiles(s)
     if split is None:
         return None
@@ -451,7 +472,8 @@ def _partition(s: For) -> Stmt | None:
     tile = _tile_loops(s.body, xo, t, local)
     if tile is None:
         return None
-    body = _DropTailGuards(xo, t, n, tile).stmt(s.body)
+    limit = bounds.get(n) if isinstance(n, Var) else None
+    body = _DropTailGuards(xo, t, n, tile, limit).stmt(s.body)
     full_tiles = binary("floordiv", n, IntImm(t, n.dtype))
     parts: list[Stmt] = [For(xo, s.min, full_tiles, s.kind, _version_interior(body), s.annotations)]
     # the remainder r = n - t * (n // t) of the last (partial) tile: tiles of 8 positions
@@ -478,7 +500,7 @@ def _partition(s: For) -> Stmt | None:
     return seq(*parts)
 
 
-def partition_tail_tiles(s: Stmt) -> Stmt:
+def partition_tail_tiles(s: Stmt, bounds: dict[Var, int] | None = None) -> Stmt:
     """Split runtime-extent tile loops into unguarded full tiles and narrower tail tiles.
 
     A loop ``for xo in range((n + t-1) // t)`` over tiles of ``t`` positions of a runtime extent
@@ -507,15 +529,20 @@ def partition_tail_tiles(s: Stmt) -> Stmt:
     ----------
     s : Stmt
         A kernel body.
+    bounds : dict of Var to int, optional
+        Upper bounds of runtime extents (:func:`extent_bounds`): a tile's static guard
+        ``xo * t + v < c`` with ``c`` at least the bound of ``n`` is dropped too (a dynamic axis
+        split by a tile that does not divide its upper bound guards both ways).
 
     Returns
     -------
     Stmt
         The body with each such loop partitioned.
     """
+    bounds = bounds or {}
     if isinstance(s, For):
-        body = partition_tail_tiles(s.body)
+        body = partition_tail_tiles(s.body, bounds)
         loop = s if body is s.body else For(s.loop_var, s.min, s.extent, s.kind, body, s.annotations)
-        out = _partition(loop)
+        out = _partition(loop, bounds)
         return loop if out is None else out
-    return _map_children(s, partition_tail_tiles)
+    return _map_children(s, lambda c: partition_tail_tiles(c, bounds))

@@ -7,6 +7,7 @@ from typing import Any, Sequence, cast
 
 from .. import te
 from .registry import register_compute
+from ..te.dynamic import PADDED_EXTENTS
 from .util import TAG_BROADCAST, TAG_INJECTIVE, bload, load, norm_axis
 
 __all__ = ["reshape", "reshape_padded", "flat_index", "unravel", "data_index"]
@@ -365,11 +366,16 @@ def tile(attrs: dict, inputs: list, out_types: list) -> list:
 
 
 def pad_compute(x: te.Tensor, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
-                value: Any = 0.0, name: str = "pad", tag: str = TAG_INJECTIVE) -> te.Tensor:
+                value: Any = 0.0, name: str = "pad", tag: str = TAG_INJECTIVE,
+                read_to_padded_extent: bool = False) -> te.Tensor:
     """Pad every dim by ``(before, after)``: constant / reflect / edge / wrap.
 
     In constant mode a dynamic axis of ``x`` (``x.dyn``) is padded after its runtime extent:
     the result holds ``x``'s valid box at offset ``before`` and the fill everywhere else.
+    ``read_to_padded_extent``: the caller reads a dynamic axis only below ``extent + before +
+    after`` (a window op whose output size is the window formula), so a kernel-internal copy
+    stops there at run time instead of filling the padded upper bound
+    (:data:`kiln.te.dynamic.PADDED_EXTENTS`).
     """
     shape = tuple(d + a + b for d, (a, b) in zip(x.shape, pad_width))
     if mode == "constant":
@@ -398,7 +404,9 @@ def pad_compute(x: te.Tensor, pad_width: Sequence[tuple[int, int]], mode: str = 
                 return load(x, src)
             return te.if_then_else(te.all(*conds), load(x, src), fill)
 
-        return te.compute(shape, body, name=name, tag=tag)
+        ext = tuple((k, rt, a + b) for k, (rt, (a, b)) in enumerate(zip(dyn, pad_width))
+                    if rt is not None and read_to_padded_extent)
+        return te.compute(shape, body, name=name, tag=tag, attrs={PADDED_EXTENTS: ext} if ext else None)
 
     def src_index(v: Any, d: int, a: int, b: int) -> Any:
         if not a and not b:

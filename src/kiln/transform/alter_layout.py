@@ -371,7 +371,9 @@ def _winograd_default(isa: ISA) -> bool:
 def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Value | None:
     """Emit an eligible conv2d as Winograd F(2x2, 3x3) when enabled for it; None otherwise.
 
-    Eligible: 3x3 taps, stride 1, dilation 1, ``groups`` 1, float32, a constant weight.  The
+    Eligible: 3x3 taps, stride 1, dilation 1, ``groups`` 1, float32, a constant weight, static
+    channels (the batch, H and W may be symbolic: the tiles stay a flat row count, and the
+    output transform then also takes the blocked data for its runtime H and W).  The
     graph is ``winograd_input_transform`` (of the data blocked by ``ib``) -> ``winograd_matmul``
     with the weight transformed now (``(16, C, K)``, zero rows / columns for padding lanes of
     ``ib`` / ``ob``, stored as the target's GEMM panels) -> ``winograd_output_transform`` into
@@ -388,8 +390,9 @@ def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Valu
         return None
     k, c = weight.shape[:2]
     oh, ow = node.outputs[0].shape[2:]
-    if data.type.is_dynamic or node.outputs[0].type.is_dynamic:
-        return None  # the tile count must be static
+    if isinstance(data.type.dims[1], str) or isinstance(node.outputs[0].type.dims[1], str):
+        return None  # the GEMMs' inner and outer sizes are the channels: compiled in
+    spatial = any(isinstance(d, str) for d in data.type.dims[2:])
     env = os.environ.get(WINOGRAD_ENV, "")
     if env in ("0", "1"):
         on = env == "1"
@@ -404,10 +407,16 @@ def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Valu
     # padding lanes of either block get zero weights, as for conv2d_nchwc
     w = np.pad(w, [(0, -k % ob), (0, -c % ib), (0, 0), (0, 0)])
     g = bld.g
-    v = g.add("winograd_input_transform", bld.in_block(data, ib), padding=tuple(a["padding"]))
+    x = bld.in_block(data, ib)
+    v = g.add("winograd_input_transform", x, padding=tuple(a["padding"]))
     # the GEMM operands as the packed matmul kernel's column panels, made once here
     bn = dense_panel_width(isa, "float32", w.shape[0])
     m = g.add("winograd_matmul", v, g.add_constant(winograd_panels(winograd_weight(w), bn)), units=w.shape[0])
+    if spatial:
+        # M's flat rows do not say how they split into tile rows: the data's runtime H, W do
+        # (oh, ow are then the upper bounds)
+        return g.add("winograd_output_transform", m, x, out_height=oh, out_width=ow, block=ob,
+                     padding=tuple(a["padding"]), name=node.name)
     return g.add("winograd_output_transform", m, out_height=oh, out_width=ow, block=ob, name=node.name)
 
 

@@ -17,6 +17,12 @@ A 3x3 stride-1 convolution of blocked data (``NCHW[ib]c``) runs as three ops, em
    ``OUT_ELEMWISE_FUSABLE``, so the conv's epilogue (bias, activation, residual add) still
    runs inside its kernel.
 
+Symbolic H or W (``docs/dynamic_shapes.md``): ``T`` stays a flat, compact row count,
+``N * TH * TW`` at the runtime sizes, and the shapes are the upper bounds.  M alone does not say
+how its rows split into images, rows and columns of tiles, so the output transform then takes
+the conv's data as a second input, read for its runtime shape only, with the conv's
+``padding``; static graphs keep the one-input form.
+
 The matrices are Lavin & Gray's (arXiv:1509.09308).  This module owns them (the NumPy
 references and the computes in :mod:`kiln.topi.nn.winograd` both read them from here); it
 must not import topi, transforms or code generators.
@@ -76,7 +82,7 @@ def winograd_panels(u: np.ndarray, bn: int) -> np.ndarray:
 
 
 def _check_padding(pad: tuple[int, ...]) -> tuple[int, int, int, int]:
-    if len(pad) != 4 or min(pad) < 0:
+    if len(pad) != 4 or not all(isinstance(p, int) for p in pad) or min(pad) < 0:
         raise InputError(f"padding must be 4 non-negative values (top, left, bottom, right), got {pad}")
     pt, pl, pb, pr = (int(p) for p in pad)
     return pt, pl, pb, pr
@@ -127,10 +133,25 @@ register_op(
 
 
 # ----------------------------------------------------------------------------- output transform
+def _out_size(ts: list[TensorType], attrs: Attrs) -> tuple[int, int]:
+    """``(OH, OW)``: ``out_height``, ``out_width``; with the ``data`` input (symbolic H or W),
+    checked against the window of the data's upper-bound shape and ``padding``."""
+    oh, ow = attrs["out_height"], attrs["out_width"]
+    if len(ts) == 2:
+        require_ndim(ts[1], 5, "data (NCHW[x]c)")
+        if attrs["padding"] is None:
+            raise InputError("winograd_output_transform: padding is required with the data input")
+        if (oh, ow) != _in_out_size(ts[1].shape, attrs["padding"]):
+            raise InputError(f"winograd_output_transform: a {oh}x{ow} output does not match data "
+                             f"{ts[1].shape} with padding {attrs['padding']}")
+    return oh, ow
+
+
 def _out_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
-    (m,) = ts
+    m = ts[0]
     require_ndim(m, 3, "M (16, tiles, K)")
-    oh, ow, ob = attrs["out_height"], attrs["out_width"], attrs["block"]
+    oh, ow = _out_size(ts, attrs)
+    ob = attrs["block"]
     if oh < 1 or ow < 1 or ob < 1:
         raise InputError(f"out_height, out_width and block must be positive, got {oh}, {ow}, {ob}")
     th, tw = winograd_tiles(oh, ow)
@@ -143,7 +164,10 @@ def _out_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
 
 def _out_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     m = xs[0]
-    oh, ow, ob = attrs["out_height"], attrs["out_width"], attrs["block"]
+    # with the data input the attributes hold the upper bounds: the size is the data's window
+    oh, ow = _in_out_size(xs[1].shape, attrs["padding"]) if len(xs) == 2 else (attrs["out_height"],
+                                                                                attrs["out_width"])
+    ob = attrs["block"]
     th, tw = winograd_tiles(oh, ow)
     k = m.shape[2]
     mm = m.astype(np.float64).reshape(4, 4, -1, th, tw, k)
@@ -154,10 +178,15 @@ def _out_ref(xs: list[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
 
 register_op(
     "winograd_output_transform",
-    attrs={"out_height": ("int", REQUIRED), "out_width": ("int", REQUIRED), "block": ("int", REQUIRED)},
-    type_rel=_out_rel, pattern=OpPattern.OUT_ELEMWISE_FUSABLE, ref=_out_ref, num_inputs=1, inputs=("m",),
+    # padding is of kind "dims" so that, unset, it stays out of a printed static graph
+    attrs={"out_height": ("int", REQUIRED), "out_width": ("int", REQUIRED), "block": ("int", REQUIRED),
+           "padding": ("dims", None)},
+    type_rel=_out_rel, pattern=OpPattern.OUT_ELEMWISE_FUSABLE, ref=_out_ref, num_inputs=(1, 2),
+    inputs=("m", "data"),
     doc="Winograd F(2x2,3x3) output transform: M (16, tiles, K) -> Y = A^T M A per tile, blocked "
-        "output (N, K/block, out_height, out_width, block)")
+        "output (N, K/block, out_height, out_width, block); with symbolic H / W the conv's data "
+        "(only its shape is read) and padding give the runtime size, out_height / out_width the "
+        "upper bounds")
 
 
 # ----------------------------------------------------------------------------- GEMMs

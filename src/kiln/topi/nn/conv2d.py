@@ -109,7 +109,7 @@ def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (
     acc = acc_dtype(data.dtype)
     if any(padding):
         dp = pad_compute(data, [(0, 0), (0, 0), (pt, pb), (pl, pr)], "constant", 0.0, name="conv_pad",
-                         tag=TAG_CONV_PAD)
+                         tag=TAG_CONV_PAD, read_to_padded_extent=True)
     else:
         dp = data
     ry = te.reduce_axis((0, kh), name="ry")

@@ -82,7 +82,7 @@ def conv2d_nchwc(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = 
     depthwise = groups != 1 and groups == cb * ib and icb == 1 and weight.shape[4] == 1
     if any(padding) and not depthwise:
         dp = pad_compute(data, [(0, 0), (0, 0), (pt, pb), (pl, pr), (0, 0)], "constant", 0.0,
-                         name="conv_pad", tag=TAG_CONV_PAD)
+                         name="conv_pad", tag=TAG_CONV_PAD, read_to_padded_extent=True)
     else:
         dp = data
     ry = te.reduce_axis((0, kh), name="ry")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...te.dynamic import VALID_BOX_ONLY
 from ..registry import register_compute
 from ..util import TAG_BROADCAST, TAG_ELEMWISE, compute_dtype, norm_axis, prod
 
@@ -169,9 +170,7 @@ def softmax(x: te.Tensor, axis: int, log: bool = False, lanes: int | None = -1) 
     n = int(x.shape[axis])
     if lanes == -1:
         lanes = _softmax_lanes()
-    dynamic_row = x.dyn is not None and x.dyn[axis] is not None
-    # (the blocked partials index the row as ``b * lanes + l``: no runtime extent bounds that)
-    if lanes is not None and (axis != nd - 1 or n > SOFTMAX_MAX_ROW or n < 1 or dynamic_row):
+    if lanes is not None and (axis != nd - 1 or n > SOFTMAX_MAX_ROW or n < 1):
         lanes = None
     if lanes is not None:
         return _row_softmax(x, log, lanes)
@@ -202,7 +201,7 @@ def softmax(x: te.Tensor, axis: int, log: bool = False, lanes: int | None = -1) 
 
 
 def _row_reduce(src: Any, rows: tuple[int, ...], n: int, lanes: int, kind: str, name: str,
-                cd: str) -> te.Tensor:
+                cd: str, nv: Any = None) -> te.Tensor:
     """Per-row max or sum of ``src(row_index, k)`` for ``k < n``, as partial accumulators.
 
     ``lanes`` partials over the ``n // lanes`` whole blocks (element ``k = b * lanes + l`` goes
@@ -212,22 +211,35 @@ def _row_reduce(src: Any, rows: tuple[int, ...], n: int, lanes: int, kind: str, 
     (~60 cycles for 16 NaN-propagating maxes, as much as the rest of a 128-element row's max).
     Rows shorter than ``lanes`` are one scalar reduction.  Sums are not bit-identical to a
     sequential sum (a different association), like any vectorised reduction.
+
+    A row of runtime length ``nv`` (a symbolic dim; ``n`` is its upper bound) counts its whole
+    blocks at run time: a block is reduced when its last element is inside the row (one
+    condition per block, so the block stays one vector operation), and the tail is the
+    ``nv % lanes`` elements after the last whole block, each guarded.
     """
     red = te.reduce_max if kind == "max" else te.sum
     nb, tail = divmod(n, lanes)
     r = len(rows)
 
-    def stat(shape: tuple[int, ...], f: Any, role: str, k: Any) -> te.Tensor:
-        return te.compute(shape, lambda *i: red(f(*i), axis=k), name=f"{name}_{role}", tag=TAG_NORM_STAT,
-                          attrs={SOFTMAX_ROLE: role})
+    def stat(shape: tuple[int, ...], f: Any, role: str, k: Any, where: Any = None) -> te.Tensor:
+        return te.compute(shape, lambda *i: red(f(*i), axis=k, where=where(*i) if where else None),
+                          name=f"{name}_{role}", tag=TAG_NORM_STAT, attrs={SOFTMAX_ROLE: role})
 
     if nb == 0:
         k = te.reduce_axis((0, n), name="k")
         return stat(rows, lambda *i: src(i, k), kind, k)
     kb = te.reduce_axis((0, nb), name="kb")
-    part = stat(rows + (lanes,), lambda *i: src(i[:r], kb * lanes + i[r]), f"{kind}_part", kb)
+    if nv is None:
+        part = stat(rows + (lanes,), lambda *i: src(i[:r], kb * lanes + i[r]), f"{kind}_part", kb)
+    else:
+        part = stat(rows + (lanes,), lambda *i: src(i[:r], kb * lanes + i[r]), f"{kind}_part", kb,
+                    where=lambda *i: kb * lanes + (lanes - 1) < nv)
     rest = None
-    if tail:
+    if nv is not None:
+        kt = te.reduce_axis((0, lanes - 1), name="kt")
+        start = te.floordiv(nv, lanes) * lanes
+        rest = stat(rows, lambda *i: src(i, start + kt), f"{kind}_tail", kt, where=lambda *i: start + kt < nv)
+    elif tail:
         kt = te.reduce_axis((0, tail), name="kt")
         rest = stat(rows, lambda *i: src(i, nb * lanes + kt), f"{kind}_tail", kt)
 
@@ -253,6 +265,7 @@ def _row_softmax(x: te.Tensor, log: bool, lanes: int) -> te.Tensor:
     cd = compute_dtype(x.dtype)
     rows = tuple(int(s) for s in x.shape[:-1])
     n = int(x.shape[-1])
+    nv = x.dyn[-1] if x.dyn is not None else None  # a row of runtime length
 
     def xv(i: Sequence[Any], k: Any) -> Any:
         return te.cast(x[tuple(i) + (k,)], cd)
@@ -260,7 +273,7 @@ def _row_softmax(x: te.Tensor, log: bool, lanes: int) -> te.Tensor:
     def row(t: te.Tensor, i: Sequence[Any]) -> Any:
         return t[tuple(i)] if len(i) else t()
 
-    mx = _row_reduce(xv, rows, n, lanes, "max", "softmax_max", cd)
+    mx = _row_reduce(xv, rows, n, lanes, "max", "softmax_max", cd, nv)
 
     def exp_shifted(i: Sequence[Any], k: Any) -> Any:
         # exp(x - max) <= 1, its argument clamped where the result would be subnormal (every
@@ -272,7 +285,7 @@ def _row_softmax(x: te.Tensor, log: bool, lanes: int) -> te.Tensor:
         return te.exp(te.maximum(xv(i, k) - row(mx, i), te.const(_EXP_NORMAL_MIN, cd)))
 
     if log:
-        ssum = _row_reduce(exp_shifted, rows, n, lanes, "sum", "softmax_expsum", cd)
+        ssum = _row_reduce(exp_shifted, rows, n, lanes, "sum", "softmax_expsum", cd, nv)
 
         # one log per row: a row stage, not an expression the element loop would repeat
         lse = _per_row(rows, lambda i: te.log(row(ssum, i)), "softmax_logsum")
@@ -284,9 +297,11 @@ def _row_softmax(x: te.Tensor, log: bool, lanes: int) -> te.Tensor:
         return te.compute(x.shape, log_body, name="log_softmax", tag=TAG_NORM_OUT)
     # injective tag: schedules that do not know it inline it (the exponential computed twice,
     # as before); the CPU softmax schedule keeps it as one row of scratch
+    # (its readers -- the sum's blocks and tail, the output -- read a row of runtime length
+    # only inside it, so the scratch row stops there too)
     e = te.compute(x.shape, lambda *i: exp_shifted(i[:-1], i[-1]), name="softmax_exp",
-                   tag=TAG_ELEMWISE, attrs={SOFTMAX_ROLE: "exp"})
-    ssum = _row_reduce(lambda i, k: e[tuple(i) + (k,)], rows, n, lanes, "sum", "softmax_expsum", cd)
+                   tag=TAG_ELEMWISE, attrs={SOFTMAX_ROLE: "exp", VALID_BOX_ONLY: True})
+    ssum = _row_reduce(lambda i, k: e[tuple(i) + (k,)], rows, n, lanes, "sum", "softmax_expsum", cd, nv)
 
     # one division per row, a multiply per element
     rcp = _per_row(rows, lambda i: te.const(1.0, cd) / row(ssum, i), "softmax_rcp")

@@ -9,6 +9,11 @@ past the image), so the transform itself has no bounds checks.
 ``winograd_output_transform``: output pixel ``(y, x)`` of block ``kb`` is entry
 ``(y % 2, x % 2)`` of ``A^T M A`` of tile ``(y // 2, x // 2)``.
 
+With a dynamic H or W the tile grid is the runtime one (``TH, TW`` from the data's runtime
+extents): tile ``t`` is ``(t // (TH * TW), t % (TH * TW) // TW, t % TW)``, a few integer
+divisions per tile (amortised over its channels), and the padded copy stops at the runtime
+extent plus the padding (:func:`kiln.topi.transform.pad_compute`).
+
 Both write the 16 (or 4) expressions of one tile as a chain of selects on the coefficient
 index; the schedules (:mod:`kiln.topi.schedule.x86_winograd`) unroll that index, so every
 select folds to one expression of a few adds.  The matrices have entries 0 and +-1 only
@@ -64,45 +69,75 @@ def _sandwich(left: np.ndarray, right: np.ndarray, at: Callable[[int, int], Any]
     return [[_combine(right[b], rows[a]) for b in range(right.shape[0])] for a in range(left.shape[0])]
 
 
+def _runtime_tiles(data: te.Tensor, padding: tuple[int, int, int, int]) -> tuple[Any, Any] | None:
+    """``(TH, TW)`` at the runtime H, W of ``data`` (int where static); None when both are static."""
+    dyn = data.dyn or (None,) * 5
+    if dyn[2] is None and dyn[3] is None:
+        return None
+    pt, pl, pb, pr = padding
+
+    def tiles(rt: Any, n: int, lo: int, hi: int) -> Any:
+        # ceil(OH / 2) with OH = H + lo + hi - 2
+        return te.floordiv(rt + (lo + hi - 1), 2) if rt is not None else -(-(n + lo + hi - 2) // 2)
+
+    return tiles(dyn[2], int(data.shape[2]), pt, pb), tiles(dyn[3], int(data.shape[3]), pl, pr)
+
+
 def winograd_input_transform(data: te.Tensor, padding: tuple[int, int, int, int]) -> te.Tensor:
     """``V = B^T d B`` of every 2x2 output tile of a 3x3 stride-1 convolution.
 
     Parameters
     ----------
     data : te.Tensor
-        ``(N, C/ib, H, W, ib)``.
+        ``(N, C/ib, H, W, ib)``; N, H and W may be dynamic (``data.dyn``).
     padding : (top, left, bottom, right)
         The convolution's zero padding.
 
     Returns
     -------
     te.Tensor
-        ``(16, N * TH * TW, C)`` with ``TH, TW = ceil(OH / 2), ceil(OW / 2)``.
+        ``(16, N * TH * TW, C)`` with ``TH, TW = ceil(OH / 2), ceil(OW / 2)`` (upper bounds;
+        with a dynamic H or W the valid rows are the tiles at the runtime sizes, in the same
+        order).
     """
     n, cb, h, w, ib = (int(v) for v in data.shape)
     pt, pl, pb, pr = padding
     th, tw = winograd_tiles(h + pt + pb - 2, w + pl + pr - 2)
-    # every patch inside: rows up to 2 * TH + 2 (>= H + pt + pb)
-    below, right = 2 * th + 2 - h - pt, 2 * tw + 2 - w - pl
+    rt = _runtime_tiles(data, padding)
+    dyn = data.dyn or (None,) * 5
+    # every patch inside: rows up to 2 * TH + 2 (>= H + pt + pb).  A dynamic axis is padded
+    # after its runtime extent, and at an odd runtime size the last tile reads row
+    # H + pt + pb: one more than the padding (it still fits the upper-bound buffer, whose
+    # 2 * TH + 2 <= H + pt + pb + 1)
+    below = pb + 1 if dyn[2] is not None else 2 * th + 2 - h - pt
+    right = pr + 1 if dyn[3] is not None else 2 * tw + 2 - w - pl
     dp = pad_compute(data, [(0, 0), (0, 0), (pt, below), (pl, right), (0, 0)], "constant", 0.0,
-                     name="winograd_pad", tag=TAG_WINOGRAD_PAD)
-    per_image = th * tw
+                     name="winograd_pad", tag=TAG_WINOGRAD_PAD, read_to_padded_extent=rt is not None)
+    rth, rtw = rt if rt is not None else (th, tw)
+    per_image = rth * rtw
 
     def body(p: Any, t: Any, c: Any) -> Any:
         b = te.floordiv(t, per_image)
         rem = te.floormod(t, per_image)
-        y0 = te.floordiv(rem, tw) * 2
-        x0 = te.floormod(rem, tw) * 2
+        y0 = te.floordiv(rem, rtw) * 2
+        x0 = te.floormod(rem, rtw) * 2
         cblk, lane = te.floordiv(c, ib), te.floormod(c, ib)
         v = _sandwich(WINOGRAD_BT, WINOGRAD_BT, lambda r, s: dp[b, cblk, y0 + r, x0 + s, lane])
         return _select(p, [v[a][bb] for a in range(4) for bb in range(4)])
 
-    out = te.compute((16, n * per_image, cb * ib), body, name="winograd_input_transform", tag=TAG_WINOGRAD_IN)
+    # a symbolic batch / H / W: tile t inside the output's valid rows (N * TH * TW at the
+    # runtime sizes) reads image t // (TH * TW) and rows, columns inside the padded copy's
+    # runtime extents, which the dynamic-extent analysis cannot see through the divisions
+    attrs = {"dyn_reads_in_bounds": True} if any(d is not None for d in dyn) else {}
+    out = te.compute((16, n * th * tw, cb * ib), body, name="winograd_input_transform", tag=TAG_WINOGRAD_IN,
+                     attrs=attrs)
     assert isinstance(out, te.Tensor)  # one output
     return out
 
 
-def winograd_output_transform(m: te.Tensor, out_height: int, out_width: int, block: int) -> te.Tensor:
+def winograd_output_transform(m: te.Tensor, out_height: int, out_width: int, block: int,
+                              data: te.Tensor | None = None,
+                              padding: tuple[int, int, int, int] | None = None) -> te.Tensor:
     """``Y = A^T M A`` per tile, into the blocked output.
 
     Parameters
@@ -110,9 +145,13 @@ def winograd_output_transform(m: te.Tensor, out_height: int, out_width: int, blo
     m : te.Tensor
         ``(16, N * TH * TW, K)``: the 16 GEMM products.
     out_height, out_width : int
-        ``OH, OW`` of the convolution (a last tile of an odd size drops its extra row / column).
+        ``OH, OW`` of the convolution (a last tile of an odd size drops its extra row / column);
+        upper bounds when ``data`` is given.
     block : int
         Output channel block ``ob`` (divides ``K``).
+    data, padding : te.Tensor and (top, left, bottom, right), optional
+        The convolution's data and padding, for a dynamic H or W: the tiles per row and per
+        image at run time come from the data's runtime H and W (its values are not read).
 
     Returns
     -------
@@ -122,16 +161,21 @@ def winograd_output_transform(m: te.Tensor, out_height: int, out_width: int, blo
     _, t, k = (int(v) for v in m.shape)
     th, tw = winograd_tiles(out_height, out_width)
     n = t // (th * tw)
+    rt = _runtime_tiles(data, padding) if data is not None and padding is not None else None
+    rth, rtw = rt if rt is not None else (th, tw)
 
     def body(b: Any, kb: Any, y: Any, x: Any, kc: Any) -> Any:
-        tile = (b * th + te.floordiv(y, 2)) * tw + te.floordiv(x, 2)
+        tile = (b * rth + te.floordiv(y, 2)) * rtw + te.floordiv(x, 2)
         ch = kb * block + kc
         yv = _sandwich(WINOGRAD_AT, WINOGRAD_AT, lambda a, bb: m[a * 4 + bb, tile, ch])
         i, j = te.floormod(y, 2), te.floormod(x, 2)
         return te.if_then_else(te.equal(i, 0), _select(j, yv[0]), _select(j, yv[1]))
 
+    # a symbolic tile count: output pixel (b, y, x) inside the runtime size reads a tile
+    # inside M's valid rows (N * TH * TW at the runtime sizes)
+    attrs = {"dyn_reads_in_bounds": True} if m.dyn is not None and m.dyn[1] is not None else {}
     out = te.compute((n, k // block, out_height, out_width, block), body, name="winograd_output_transform",
-                     tag=TAG_WINOGRAD_OUT)
+                     tag=TAG_WINOGRAD_OUT, attrs=attrs)
     assert isinstance(out, te.Tensor)  # one output
     return out
 
@@ -186,5 +230,8 @@ def _winograd_input_transform(attrs: dict, inputs: list, out_types: list) -> lis
 
 @register_compute("winograd_output_transform")
 def _winograd_output_transform(attrs: dict, inputs: list, out_types: list) -> list:
+    pad = attrs.get("padding")
+    data = inputs[1] if len(inputs) == 2 else None
     return [winograd_output_transform(inputs[0], int(attrs["out_height"]), int(attrs["out_width"]),
-                                      int(attrs["block"]))]
+                                      int(attrs["block"]), data,
+                                      None if pad is None else (int(pad[0]), int(pad[1]), int(pad[2]), int(pad[3])))]
