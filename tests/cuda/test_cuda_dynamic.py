@@ -42,8 +42,9 @@ def test_cuda_source_takes_the_extents_after_the_buffers() -> None:
     (f,) = function_table(infos)
     assert f.extents == (GPUExtent("rows", "int32", ((0, 0), (1, 0))), GPUExtent("cols", "int64", ((0, 1),)))
     assert f.launches[0].args == (0, 1, 2, 3) and f.launches[0].grid == (2, 1, 1)
+    assert f.launches[0].dyn_grid == ("(rows+31)//32", "", "")  # one block per 32 actual rows
     raw = rc.encode_payload(rc.CUDAPayload("ptx", b".version 8.0", src, "sm_80", [f]))
-    assert int.from_bytes(raw[8:12], "little") == 3
+    assert int.from_bytes(raw[8:12], "little") == 4
     assert rc.decode_payload(raw).functions == [f]
 
 
@@ -76,11 +77,40 @@ def test_mock_launch_passes_the_runtime_extents(mock_cuda) -> None:
     np.testing.assert_allclose(got[:5], xv[:5, :7].sum(1), rtol=1e-6)
     assert (got[5:] == 0).all()
     launch(x, out)  # no shapes: the upper bounds
-    assert seen == [(64, 5, 7), (64, 64, 48)]  # the grid stays the upper bound's
+    assert seen == [(32, 5, 7), (64, 64, 48)]  # 5 rows need one block of 32, 64 rows two
     with pytest.raises(InputError, match=r"argument 0 \(X\) dim 1 \(the dynamic extent cols\) is 49, expected 0\.\.48"):
         launch(x, out, shapes=[(5, 49), (5,)])
     with pytest.raises(InputError, match=r"argument 1 \(S\) dim 0 is 6 but argument 0 dim 0 is 5"):
         launch(x, out, shapes=[(5, 7), (6,)])
+
+
+def test_mock_launches_use_the_grid_of_the_actual_extents(mock_cuda) -> None:
+    """The driver sees ``ceil(rows / 32)`` blocks (the launch records of the mock), recomputed
+    only when the extents change; an empty extent launches nothing rather than a 0-block grid
+    (an invalid launch on a real driver)."""
+    from kiln.codegen.cuda import function_table, generate_cuda
+
+    _, infos = generate_cuda([_dyn_reduce()])
+    ptx = ".version 8.0\n.target sm_80\n.visible .entry rowsum_kernel0(\n)\n"
+    mod = rc.loadbinary_cuda(rc.encode_payload(rc.CUDAPayload("ptx", ptx.encode(), "", "sm_80",
+                                                              function_table(infos))))
+    grids = []
+
+    @hook_type()
+    def hook(name, gx, gy, gz, bx, by, bz, shared, params):
+        grids.append(((gx, gy, gz), (bx, by, bz)))
+
+    mock_cuda.mock_set_launch_hook(hook)
+    x = kiln.nd.array(np.zeros((64, 48), "float32"), device=kiln.cuda())
+    out = kiln.nd.array(np.zeros(64, "float32"), device=kiln.cuda())
+    launch = mod.get_function("rowsum")._pyfunc
+    rows = [1, 32, 33, 64, 0, 0, 17]
+    for r in rows:
+        launch(x, out, shapes=[(r, 48), (r,)])
+    want = [((-(-r // 32), 1, 1), (32, 1, 1)) for r in rows if r]
+    assert grids == want and want[:4] == [((1, 1, 1), (32, 1, 1)), ((1, 1, 1), (32, 1, 1)),
+                                          ((2, 1, 1), (32, 1, 1)), ((2, 1, 1), (32, 1, 1))]
+    assert launch.grids == ((1, 1, 1),)  # the plan of rows=17
 
 
 def test_dynamic_graph_builds_for_cuda_and_the_executor_passes_the_extents(mock_cuda, needs_nvrtc,

@@ -1,9 +1,9 @@
 """OpenCL kernels with runtime extents: graphs with dynamic dims built for ``opencl``.
 
 One library per graph, run at several shapes in range through the graph executor and compared
-with NumPy; out-of-range shapes are :class:`InputError` s. Kernels launch at the upper-bound
-grid and guard their work-items by the runtime extents the launcher passes
-(``docs/dynamic_shapes.md``). Launching needs an OpenCL device (PoCL on the CPU); the
+with NumPy; out-of-range shapes are :class:`InputError` s. Kernels guard their work-items by
+the runtime extents the launcher passes (``docs/dynamic_shapes.md``); the grids that follow the
+extents are tested in ``test_opencl_dynamic_grid.py``. Launching needs an OpenCL device (PoCL on the CPU); the
 codegen, metadata and payload checks need none.
 """
 
@@ -85,7 +85,7 @@ def test_static_kernels_are_unchanged_and_keep_payload_version_2():
                                                                   "temp_bytes": 0}
 
 
-def test_payload_version_3_carries_the_extents():
+def test_payload_version_4_carries_the_extents_and_grids():
     from kiln.codegen.opencl import build_opencl
     from kiln.runtime.errors import FormatError
     from kiln.runtime.gpu_module import GPUExtent, GPUPayload
@@ -93,7 +93,7 @@ def test_payload_version_3_carries_the_extents():
 
     mod = build_opencl([_dyn_kernel()])
     raw = mod.save_to_binary()
-    assert int.from_bytes(raw[8:12], "little") == 3
+    assert int.from_bytes(raw[8:12], "little") == 4  # the launch has a run-time grid
     back = OpenCLModule.load_binary(raw)
     f = back.functions["twice"]
     assert f.extents == (GPUExtent("n", "int32", ((0, 0), (1, 0))),)

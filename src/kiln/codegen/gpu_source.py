@@ -36,9 +36,16 @@ runtime extent and guards thread-bound loops with ``if (index < n)`` (their exte
 constant launch size). So a kernel only needs the extents it reads: each becomes a by-value
 ``int`` / ``long`` parameter after the buffers, named after its variable, and the function's
 metadata lists them (``extents``) with every ``(param, dim)`` that has each, from which the
-launcher takes and checks the value. Launches stay at the upper-bound grid: work-items past
-an extent fail their guard and exit, and work-groups keep their full size, which barriers
-need.
+launcher takes and checks the value. Work-items past an extent fail their guard and exit, and
+work-groups keep their full size, which barriers need.
+
+The *grid* may follow the extents (:func:`dynamic_grid`): a grid dim whose every global write
+sits under a guard ``k * b + rest < R`` on its work-group index ``b`` (``k > 0``, ``rest``
+bounded below by a constant, ``R`` built from runtime extents with ``+ - * //``: the relaxed
+guards the lowering writes) gets the run-time grid ``ceil((R - min rest) / k)``, recorded as
+a :mod:`kiln.runtime.sym` expression over the extents' names (``dyn_grid``; the launcher
+clamps it to ``[0, grid]``). Work-groups past it would have written nothing, so leaving them
+out changes no result. Anything else keeps the upper-bound grid.
 
 Metadata (``GPUFunctionInfo.to_dict``), JSON-serializable, is what a runtime module needs to
 launch a function::
@@ -46,14 +53,16 @@ launch a function::
     {"name": f, "params": [{"name", "dtype", "shape"}...],
      "temps": [{"name", "dtype", "nbytes"}...],
      "kernels": [{"name": k, "args": [["param", i] | ["temp", j] | ["extent", e], ...],
-                  "grid": [x, y, z], "block": [x, y, z]}...],
+                  "grid": [x, y, z], "block": [x, y, z],
+                  "dyn_grid": [ex, ey, ez]}...],       # only when a grid dim follows the extents
      "extents": [{"name", "dtype", "dims": [[param, dim], ...]}...]}   # dynamic only
 
 Kernel parameters are, per buffer argument in ``args`` order, a pointer
 (``Dialect.global_qualifier T* restrict``) and — when ``Dialect.buffer_offset_args`` — a
 64-bit *byte* offset added to it on entry (OpenCL buffers are handles, not addresses); then
 one scalar per ``["extent", e]``. ``grid`` counts work-groups (CUDA blocks), ``block``
-work-items per group (threads).
+work-items per group (threads); ``dyn_grid`` gives, per grid dim, the run-time grid as a
+:mod:`kiln.runtime.sym` expression over the extents' names (``""``: the dim stays ``grid``).
 
 Writing a dialect
 -----------------
@@ -72,16 +81,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..runtime.errors import CompileError
-from ..tir.expr import Call, FloatImm, IntImm, Load, PrimExpr, Var
-from ..tir.functor import post_order_visit
+from ..runtime import sym
+from ..runtime.errors import CompileError, InputError
+from ..tir.dtype import bits_of, is_integer
+from ..tir.expr import BinaryOp, Call, Cast, FloatImm, IntImm, Load, PrimExpr, Var
+from ..tir.functor import collect_vars, post_order_visit
 from ..tir.intrin import SET_EXTENT, set_extent_targets
-from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, PrimFunc, SeqStmt, Stmt
+from ..tir.simplify import Analyzer
+from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
 from .cstyle import C_KEYWORDS, CDialect, CStylePrinter, Scope
 
 __all__ = [
     "Dialect", "GPUSourceGenerator", "GPUFunctionInfo", "GPUKernelInfo", "generate_gpu_source",
-    "THREAD_TAGS", "BARRIER_INTRINSIC",
+    "THREAD_TAGS", "BARRIER_INTRINSIC", "dynamic_grid",
 ]
 
 #: Thread tags ``Stage.bind`` accepts, in launch-dimension order.
@@ -151,13 +163,18 @@ class GPUKernelInfo:
     block: tuple[int, int, int]
     #: bytes of statically sized work-group (shared / local) memory the kernel declares
     shared_bytes: int = 0
+    #: per grid dim, the run-time grid over the extents' names (``""``: static); ``()`` for none
+    dyn_grid: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form (``shared_bytes`` only when the kernel uses work-group memory)."""
-        d = {"name": self.name, "args": [list(a) for a in self.args], "grid": list(self.grid),
-             "block": list(self.block)}
+        """JSON-serializable form (``shared_bytes`` only when the kernel uses work-group memory,
+        ``dyn_grid`` only when a grid dim follows the runtime extents)."""
+        d: dict[str, Any] = {"name": self.name, "args": [list(a) for a in self.args], "grid": list(self.grid),
+                             "block": list(self.block)}
         if self.shared_bytes:
             d["shared_bytes"] = self.shared_bytes
+        if self.dyn_grid:
+            d["dyn_grid"] = list(self.dyn_grid)
         return d
 
 
@@ -218,6 +235,7 @@ class GPUSourceGenerator(CStylePrinter):
         self.functions: list[GPUFunctionInfo] = []
         self._chunks: list[str] = []
         self._kernel_names: set[str] = set()
+        self._grid_extents: dict[Var, int] = {}  # the current function's extents (see add_function)
 
     # ------------------------------------------------------------------ public
     def add_function(self, f: PrimFunc) -> GPUFunctionInfo:
@@ -236,6 +254,14 @@ class GPUSourceGenerator(CStylePrinter):
             info.extents.append({"name": v.name, "dtype": v.dtype, "dims": [
                 [i, d] for i, b in enumerate(f.params) for d, u in enumerate(b.dyn or ()) if u is v]})
             slots[id(v)] = ("extent", j)
+        # run-time grids name the extents, so they need distinct valid names (always so for
+        # what the lowering makes; a hand-written PrimFunc may differ and keeps static grids)
+        names = [v.name for v in f.dyn_vars]
+        self._grid_extents = {}
+        if len(set(names)) == len(names) and all(_valid_name(n) for n in names):
+            for v, x in zip(f.dyn_vars, info.extents):
+                i, d = x["dims"][0] if x["dims"] else (None, None)
+                self._grid_extents[v] = int(f.params[i].shape[d]) if i is not None else 0
         bufs: dict[int, Buffer] = {id(b.data): b for b in f.params}
         parts: list[Stmt] = []
         self._split(f.body, info, slots, bufs, parts)
@@ -336,8 +362,9 @@ class GPUSourceGenerator(CStylePrinter):
         grid = tuple(st.launch.get(f"blockIdx.{a}", 1) for a in "xyz")
         block = tuple(st.launch.get(f"threadIdx.{a}", 1) for a in "xyz")
         shared_bytes = sum(int(b.nbytes) for b in st.shared)
+        dyn = dynamic_grid(body, grid, self._grid_extents, local) if exts and self._grid_extents else ()
         return GPUKernelInfo(kname, [slots[k] for k in args] + [slots[id(v)] for v in exts],
-                             grid, block, int(shared_bytes))  # type: ignore[arg-type]
+                             grid, block, int(shared_bytes), dyn)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ expressions
     def _checked_index(self, e: Call) -> str:
@@ -417,6 +444,180 @@ class GPUSourceGenerator(CStylePrinter):
 
     def _loop_pragma(self, s: For) -> str | None:
         return "#pragma unroll" if s.kind == "unrolled" and isinstance(s.extent, IntImm) else None
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        sym.check_name(name)
+    except InputError:
+        return False
+    return True
+
+
+def dynamic_grid(body: Stmt, grid: Sequence[int], extents: dict[Var, int], local: set[int]) -> tuple[str, ...]:
+    """The run-time grid of a kernel, per grid dim, as :mod:`kiln.runtime.sym` expressions.
+
+    A grid dim ``a`` (work-group index ``b``, bound by a ``blockIdx`` loop) gets an expression
+    only when *every* side effect of the kernel -- a store into a buffer it does not allocate
+    itself, an ``Evaluate`` of anything but a barrier -- is under an ``if`` whose condition has
+    a conjunct ``k * b + rest < R`` with ``k > 0`` (after ``floordiv(x, c) < R`` became
+    ``x < R * c``, the inverse of :func:`kiln.te.dynamic.dyn_guard`), ``rest`` not involving
+    ``b`` and bounded below by a constant ``lo`` over the known loop ranges, and ``R`` an
+    integer expression of runtime extents. Such a guard fails for every ``b >= ceil((R - lo)
+    / k)``, so those work-groups write nothing and the grid may stop there. All side effects
+    must give the same bound (a kernel writing under two different guards keeps its grid).
+
+    A dim of launch size 1 may also take a guard without ``b`` (``k = 0``: the kernel's
+    ``if (0 < batch * 6)``): its expression ``R - lo`` is clamped to ``[0, 1]`` by the
+    launcher, so the launch is left out when no work-item could pass. Only the first such
+    dim gets it, and only when no larger dim has an expression.
+
+    Parameters
+    ----------
+    body : Stmt
+        The kernel's statement.
+    grid : sequence of 3 ints
+        The compile-time (upper-bound) grid.
+    extents : dict of Var to int
+        The function's runtime extents with their upper bounds; the expressions use the
+        variables' names (distinct, valid :mod:`kiln.runtime.sym` names).
+    local : set of int
+        ``id(buffer.data)`` of the buffers the kernel allocates (per work-item or work-group
+        memory): stores into them are invisible outside the work-group.
+
+    Returns
+    -------
+    tuple of str
+        Three expressions (``""`` for a dim that keeps its size), or ``()`` when no dim follows
+        the extents.
+    """
+    ana = Analyzer()
+    for v, hi in extents.items():
+        ana.bind(v, 0, hi)
+    tags = tuple(f"blockIdx.{a}" for a in "xyz")
+    # each side effect: the conjuncts known true there, and the loop variable of each block tag
+    effects: list[tuple[tuple[PrimExpr, ...], dict[str, Var]]] = []
+
+    def walk(s: Stmt, facts: tuple[PrimExpr, ...], blocks: dict[str, Var]) -> None:
+        if isinstance(s, SeqStmt):
+            for x in s.seq:
+                walk(x, facts, blocks)
+        elif isinstance(s, IfThenElse):
+            walk(s.then_case, facts + _conjuncts(s.cond), blocks)
+            if s.else_case is not None:
+                walk(s.else_case, facts, blocks)
+        elif isinstance(s, For):
+            if isinstance(s.min, IntImm):
+                hi = s.min.value + s.extent.value - 1 if isinstance(s.extent, IntImm) else float("inf")
+                ana.bind(s.loop_var, s.min.value, hi)
+            tag = s.annotations.get("thread_tag") if s.kind == "thread_binding" else None
+            if tag in tags and isinstance(s.min, IntImm) and s.min.value == 0:
+                blocks = {**blocks, tag: s.loop_var}
+            walk(s.body, facts, blocks)
+        elif isinstance(s, (Allocate, LetStmt)):
+            walk(s.body, facts, blocks)
+        elif isinstance(s, BufferStore):
+            if id(s.buffer.data) not in local:
+                effects.append((facts, blocks))
+        elif isinstance(s, Evaluate):
+            if not (isinstance(s.value, (IntImm, FloatImm))
+                    or (isinstance(s.value, Call) and s.value.op == BARRIER_INTRINSIC)):
+                effects.append((facts, blocks))
+        else:  # a statement this analysis does not know: assume it writes, unguarded
+            effects.append(((), blocks))
+
+    walk(body, (), {})
+    if not effects:
+        return ()
+    out = []
+    for a, tag in enumerate(tags):
+        bound: str | None = None
+        for facts, blocks in effects:
+            b = next((x for x in (_guard_bound(f, blocks.get(tag), grid[a], ana, extents) for f in facts)
+                      if x is not None), None)
+            if b is None or (bound is not None and b != bound):
+                bound = None
+                break
+            bound = b
+        # a bound that is never below the launch size (over extents 0..upper bound) is no use
+        if bound is not None and sym.bounds(bound, {v.name: (0, hi) for v, hi in extents.items()})[0] >= grid[a]:
+            bound = None
+        out.append(bound or "")
+    # a launch size of 1 needs its guard only when nothing else can empty the launch
+    big = [a for a in range(3) if out[a] and grid[a] > 1]
+    ones = [a for a in range(3) if out[a] and grid[a] == 1]
+    for a in ones[1:] if not big else ones:
+        out[a] = ""
+    return tuple(out) if any(out) else ()
+
+
+def _conjuncts(cond: PrimExpr) -> tuple[PrimExpr, ...]:
+    if isinstance(cond, BinaryOp) and cond.op == "and":
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return (cond,)
+
+
+def _guard_bound(fact: PrimExpr, b: Var | None, size: int, ana: Analyzer, extents: dict[Var, int]) -> str | None:
+    """The grid ``fact`` implies for the block index ``b`` (see :func:`dynamic_grid`), or None."""
+    if not (isinstance(fact, BinaryOp) and fact.op in ("lt", "le")):
+        return None
+    bound = _as_sym(fact.b, extents)
+    if bound is None or not sym.is_symbolic(bound):
+        return None
+    if fact.op == "le":
+        bound = sym.add(bound, 1)
+    lhs = fact.a
+    while isinstance(lhs, BinaryOp) and lhs.op == "floordiv" and isinstance(lhs.b, IntImm) and lhs.b.value > 0:
+        bound = sym.mul(bound, lhs.b.value)  # floordiv(x, c) < R  <=>  x < R * c  (c > 0)
+        lhs = lhs.a
+    if not is_integer(lhs.dtype):
+        return None
+    terms, lo = ana._linear(ana.simplify(lhs))
+    k = 0
+    for atom, coef in terms.values():
+        if b is not None and atom is b:
+            k += coef
+            continue
+        if coef == 0:
+            continue
+        if b is not None and b in collect_vars(atom):
+            return None
+        alo, ahi = ana.const_int_bound(atom)
+        least = coef * (alo if coef > 0 else ahi)
+        if least in (float("inf"), float("-inf")) or least != least:
+            return None
+        lo += int(least)
+    if k < 0 or (k == 0 and size != 1):
+        return None
+    room = sym.sub(bound, lo)
+    out = room if k == 0 else sym.floordiv(sym.add(room, k - 1), k)
+    return out if isinstance(out, str) else None
+
+
+def _as_sym(e: PrimExpr, extents: dict[Var, int]) -> sym.Dim | None:
+    """``e`` as a :mod:`kiln.runtime.sym` dim when it is built from runtime extents and integer
+    constants with ``+ - *``, ``floordiv`` by a positive constant and widening integer casts."""
+    if isinstance(e, IntImm):
+        return int(e.value)
+    if isinstance(e, Var):
+        return e.name if e in extents else None
+    if isinstance(e, Cast):
+        # exact for every value: a strictly wider integer type, or the same type
+        if is_integer(e.dtype) and is_integer(e.value.dtype) and (
+                bits_of(e.dtype) > bits_of(e.value.dtype) or e.dtype == e.value.dtype):
+            return _as_sym(e.value, extents)
+        return None
+    if isinstance(e, BinaryOp) and e.op in ("add", "sub", "mul", "floordiv"):
+        a = _as_sym(e.a, extents)
+        if a is None:
+            return None
+        if e.op == "floordiv":
+            return sym.floordiv(a, e.b.value) if isinstance(e.b, IntImm) and e.b.value > 0 else None
+        c = _as_sym(e.b, extents)
+        if c is None:
+            return None
+        return {"add": sym.add, "sub": sym.sub, "mul": sym.mul}[e.op](a, c)
+    return None
 
 
 def _vars_of(e: PrimExpr) -> set[Var]:

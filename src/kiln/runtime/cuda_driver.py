@@ -127,6 +127,7 @@ class CUDAModule(GPUModule):
         # ``cvals``, which the plan therefore keeps
         cvals = [_cu.CUdeviceptr(v[0] + v[1]) if isinstance(v, tuple) else v for v in values]
         launches = []
+        # ``ln.grid`` is the grid to launch: a run-time grid is already evaluated (GPUModule)
         for ln, h in zip(func.launches, kernels):
             params = (ctypes.c_void_p * max(len(ln.args), 1))(
                 *[ctypes.cast(ctypes.byref(cvals[j]), ctypes.c_void_p) for j in ln.args])

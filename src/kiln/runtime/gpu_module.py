@@ -14,7 +14,9 @@ temporaries, and the kernel launches it makes in order (:class:`GPULaunch`). A l
 its kernel, its grid (blocks / work-groups) and block (threads / work-items) and the
 function arguments it takes by index; an index ``i >= len(args)`` is temporary
 ``i - len(args)``, and one past the temporaries is runtime extent ``i - len(args) -
-len(temps)``. Launch sizes are fixed at compile time (the upper bounds, for dynamic dims).
+len(temps)``. Launch sizes are fixed at compile time (the upper bounds, for dynamic dims);
+a launch of a dynamic function may also carry a *run-time grid* (``GPULaunch.dyn_grid``), see
+Launching.
 
 A function with dynamic dimensions (``docs/dynamic_shapes.md``) has *runtime extents*
 (:class:`GPUExtent`): each is the actual size of some dims of its tensor arguments, which
@@ -22,11 +24,12 @@ are stored at their upper-bound shape (the padded layout). The launcher takes th
 actual shapes (``shapes=``, what the graph executor passes), checks them and hands each
 kernel the extents it reads as scalar parameters after its buffers.
 
-Payload (``save_to_binary``), version 2 or 3, little-endian; a *string* is a u64 length and
-that many bytes (UTF-8 for text)::
+Payload (``save_to_binary``), version 2, 3 or 4, little-endian; a *string* is a u64 length
+and that many bytes (UTF-8 for text)::
 
     8 bytes   magic of the module type (b"KILNCUDA", b"KILNOCL\\0", ...)
-    u32       payload version (2; 3 when a function has runtime extents)
+    u32       payload version (2; 3 when a function has runtime extents; 4 when, in
+              addition, a launch has a run-time grid)
     string    binary format ("ptx", "cubin", "cl", ...)
     string    target architecture ("sm_90"; may be empty)
     string    the binary the driver loads (may be empty when the source is what it compiles)
@@ -36,10 +39,11 @@ that many bytes (UTF-8 for text)::
       u64       number of arguments; per argument: u8 kind (0 tensor, 1 int, 2 float),
                 string name, string dtype, u64 ndim, i64 shape[ndim]
       u64       number of temporaries, u64 byte size each
-      (version 3 only) u64 number of runtime extents; per extent: string name, string
+      (version >= 3) u64 number of runtime extents; per extent: string name, string
                 dtype ("int32" / "int64"), u64 count, (u32 argument, u32 dim) each
       u64       number of launches; per launch: string kernel, u32 grid[3], u32 block[3],
-                u32 dynamic shared bytes, u64 count, u32 argument index each
+                u32 dynamic shared bytes, u64 count, u32 argument index each,
+                (version 4 only) string dyn_grid[3] ("" for a dim that keeps its size)
 
 Older payloads (``cuda`` version 1: arguments without names; ``opencl`` version 1: JSON
 metadata) are read by the subclasses' :meth:`GPUModule._decode_legacy`.
@@ -60,16 +64,26 @@ runtime extents) of the previous call, because the graph executor calls every fu
 the same arrays each run. A function with runtime extents also takes ``shapes=``, the actual
 shape of each tensor argument (``InputError`` when an extent exceeds its upper bound or two
 dims that share it disagree); the extents become ctypes scalars after the temporaries.
+
+A launch with a run-time grid (``dyn_grid``: per grid dim a :mod:`kiln.runtime.sym`
+expression over the function's extent names, written by the code generator only where the
+work-groups past it provably do nothing) launches ``min(grid, max(0, value))`` work-groups
+in that dim; a launch whose grid comes to 0 is left out. The grid is computed when the plan
+is (re)built, i.e. only when an extent changes, and the backend's :meth:`GPUModule._prepare`
+sees the launches as made (:class:`GPULaunch` s with the actual grid), so a backend needs no
+code for it. Block sizes never change (kernels with barriers need full work-groups).
 """
 
 from __future__ import annotations
 
 import abc
 import ctypes
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+from . import sym
 from .binary import Reader, Writer
 from .device import ALLOC_ALIGNMENT, Device, DeviceAPI, get_device_api
 from .errors import DeviceError, FormatError, InputError, KilnError
@@ -77,7 +91,8 @@ from .module import Module
 
 __all__ = [
     "ARG_TENSOR", "ARG_INT", "ARG_FLOAT", "GPUArg", "GPUExtent", "GPULaunch", "GPUFunction", "GPUPayload",
-    "GPUModule", "PAYLOAD_VERSION", "DYNAMIC_PAYLOAD_VERSION", "SCALAR_CTYPES", "GPUDeviceAPI",
+    "GPUModule", "PAYLOAD_VERSION", "DYNAMIC_PAYLOAD_VERSION", "GRID_PAYLOAD_VERSION", "SCALAR_CTYPES",
+    "GPUDeviceAPI",
 ]
 
 #: Argument kinds in the function table.
@@ -89,6 +104,9 @@ PAYLOAD_VERSION = 2
 #: The version written when some function has runtime extents (version 2 plus an extent
 #: table per function); static modules keep writing version 2, which older Kilns read.
 DYNAMIC_PAYLOAD_VERSION = 3
+#: The version written when, in addition, some launch has a run-time grid (version 3 plus
+#: three grid expressions per launch); modules without one keep writing version 2 or 3.
+GRID_PAYLOAD_VERSION = 4
 
 #: ctypes type of each scalar dtype a kernel may take by value.
 SCALAR_CTYPES: dict[str, Any] = {
@@ -160,6 +178,11 @@ class GPULaunch:
     args : tuple of int
         Indices into the function's arguments, then temporaries, then runtime extents, in
         kernel parameter order.
+    dyn_grid : tuple of str
+        Empty, or per grid dim a :mod:`kiln.runtime.sym` expression over the function's
+        extent names giving the grid at run time (clamped to ``[0, grid]``; ``""``: the dim
+        keeps ``grid``). Only a code generator that proved the work-groups past it idle
+        writes one (``kiln.codegen.gpu_source.dynamic_grid``).
     """
 
     kernel: str
@@ -167,6 +190,7 @@ class GPULaunch:
     block: tuple[int, int, int]
     shared_bytes: int = 0
     args: tuple[int, ...] = ()
+    dyn_grid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,6 +223,21 @@ class GPUFunction:
                 if a is None or a.kind != ARG_TENSOR or not 0 <= d < len(a.shape):
                     raise FormatError(f"{where}: runtime extent {x.name!r} of {self.name!r} is dim {d} of argument "
                                       f"{i}, which is not a dim of a tensor argument")
+        names = [x.name for x in self.extents]
+        for ln in self.launches:
+            if not ln.dyn_grid:
+                continue
+            what = f"{where}: run-time grid {list(ln.dyn_grid)} of kernel {ln.kernel!r} of {self.name!r}"
+            if len(ln.dyn_grid) != 3 or len(set(names)) != len(names):
+                raise FormatError(f"{what}: expected 3 expressions over distinctly named runtime extents {names}")
+            for e in ln.dyn_grid:
+                try:
+                    free = sym.symbols(e) if e else frozenset()
+                except (InputError, RecursionError, ValueError) as err:
+                    raise FormatError(f"{what}: {err!r}") from None
+                if not free <= set(names):
+                    raise FormatError(f"{what}: {e!r} names {sorted(free - set(names))}, which are not runtime "
+                                      f"extents of the function ({names})")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "GPU function metadata") -> "GPUFunction":
@@ -232,7 +271,8 @@ class GPUFunction:
                 grid, block = (tuple(int(x) for x in k[f]) for f in ("grid", "block"))
                 if len(grid) != 3 or len(block) != 3 or not all(0 < x < 2**32 for x in (*grid, *block)):
                     raise ValueError(f"grid {list(grid)} / block {list(block)} must be 3 positive u32 each")
-                launches.append(GPULaunch(str(k["name"]), grid, block, 0, tuple(idx)))
+                dyn = tuple(str(e) for e in k.get("dyn_grid", ()))
+                launches.append(GPULaunch(str(k["name"]), grid, block, 0, tuple(idx), dyn))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise FormatError(f"{where}: malformed function metadata ({err!r}) in {d!r:.200}") from None
         f = cls(name, args, tuple(launches), temps, extents)
@@ -251,7 +291,8 @@ class GPUFunction:
             "params": [{"name": a.name, "dtype": a.dtype, "shape": list(a.shape)} for a in self.args],
             "temps": [{"nbytes": t} for t in self.temps],
             "kernels": [{"name": ln.kernel, "args": [slot(i) for i in ln.args],
-                         "grid": list(ln.grid), "block": list(ln.block)} for ln in self.launches],
+                         "grid": list(ln.grid), "block": list(ln.block),
+                         **({"dyn_grid": list(ln.dyn_grid)} if ln.dyn_grid else {})} for ln in self.launches],
         }
         if self.extents:
             d["extents"] = [{"name": x.name, "dtype": x.dtype, "dims": [list(p) for p in x.dims]}
@@ -271,8 +312,11 @@ class GPUPayload:
 
 
 def payload_version(functions: Sequence[GPUFunction]) -> int:
-    """The layout a function table needs: version 3 when a function has runtime extents, else
-    version 2 (byte for byte what older Kilns wrote and read)."""
+    """The layout a function table needs: version 4 when a launch has a run-time grid, 3 when
+    a function has runtime extents, else version 2 (each byte for byte what the Kilns that
+    introduced it wrote, so a module needing no newer field stays readable by them)."""
+    if any(ln.dyn_grid for f in functions for ln in f.launches):
+        return GRID_PAYLOAD_VERSION
     return DYNAMIC_PAYLOAD_VERSION if any(f.extents for f in functions) else PAYLOAD_VERSION
 
 
@@ -308,6 +352,12 @@ def write_function_table(w: Writer, functions: Sequence[GPUFunction]) -> None:
             w.u64(len(ln.args))
             for i in ln.args:
                 w.u32(int(i))
+            if version >= GRID_PAYLOAD_VERSION:
+                if ln.dyn_grid and len(ln.dyn_grid) != 3:
+                    raise KilnError(f"kernel {ln.kernel!r} of {f.name!r}: a run-time grid has 3 expressions, got "
+                                    f"{list(ln.dyn_grid)}")
+                for e in ln.dyn_grid or ("", "", ""):
+                    w.string(e)
 
 
 def read_function_table(r: Reader, arg_names: bool = True, version: int = PAYLOAD_VERSION) -> list[GPUFunction]:
@@ -338,7 +388,11 @@ def read_function_table(r: Reader, arg_names: bool = True, version: int = PAYLOA
             kernel = r.string("kernel name")
             dims = [r.u32("launch dims") for _ in range(7)]
             kargs = tuple(r.u32("kernel argument index") for _ in range(r.count("kernel argument count", 4)))
-            launches.append(GPULaunch(kernel, tuple(dims[0:3]), tuple(dims[3:6]), dims[6], kargs))  # type: ignore[arg-type]
+            dyn: tuple[str, ...] = ()
+            if version >= GRID_PAYLOAD_VERSION:
+                dyn = tuple(r.string("run-time grid") for _ in range(3))
+                dyn = dyn if any(dyn) else ()
+            launches.append(GPULaunch(kernel, tuple(dims[0:3]), tuple(dims[3:6]), dims[6], kargs, dyn))  # type: ignore[arg-type]
         f = GPUFunction(name, tuple(args), tuple(launches), temps, tuple(extents))
         f.check(f"{r.where} at offset {r.pos}")
         funcs.append(f)
@@ -449,6 +503,8 @@ class GPUModule(Module):
 
         A tensor (or temporary) value is ``(buffer handle, byte offset)``; a scalar is a
         ctypes value of its dtype. The plan must keep alive whatever it points into.
+        ``func.launches`` are the launches as made (one per entry of ``kernels``): a run-time
+        grid is already evaluated into ``grid`` and a launch with an empty grid left out.
         """
         raise NotImplementedError
 
@@ -500,8 +556,8 @@ class GPUModule(Module):
 
     @classmethod
     def encode_payload(cls, p: GPUPayload) -> bytes:
-        """Serialize a payload in the version-2 layout, or version 3 when a function has runtime
-        extents (module docstring)."""
+        """Serialize a payload in the version-2 layout, version 3 when a function has runtime
+        extents, 4 when a launch has a run-time grid (module docstring)."""
         if p.fmt not in cls.binary_formats:
             raise KilnError(f"{cls.type_key} module: binary format must be one of {list(cls.binary_formats)}, "
                             f"got {p.fmt!r}")
@@ -533,10 +589,10 @@ class GPUModule(Module):
         version = r.u32("version")
         if version in cls.legacy_versions:
             p = cls._decode_legacy(r, version)
-        elif version in (PAYLOAD_VERSION, DYNAMIC_PAYLOAD_VERSION):
+        elif version in (PAYLOAD_VERSION, DYNAMIC_PAYLOAD_VERSION, GRID_PAYLOAD_VERSION):
             p = cls._read_body(r, version=version)
         else:
-            known = sorted({*cls.legacy_versions, PAYLOAD_VERSION, DYNAMIC_PAYLOAD_VERSION})
+            known = sorted({*cls.legacy_versions, PAYLOAD_VERSION, DYNAMIC_PAYLOAD_VERSION, GRID_PAYLOAD_VERSION})
             raise FormatError(f"{where}: {cls.type_key} module payload version {version} is not supported (this "
                               f"Kiln reads versions {known}); rebuild the library with this Kiln")
         r.expect_end("the function table")
@@ -562,14 +618,15 @@ class GPUModule(Module):
         dict
             ``format``, ``arch``, ``binary_bytes`` (when there is a binary), ``source_bytes``,
             ``functions`` (name, argument/launch counts, temporary bytes) and ``kernels``
-            (name, grid, block, shared bytes; once per kernel).
+            (name, grid, block, shared bytes, run-time grid where there is one; once per kernel).
         """
         p = cls.decode_payload(data)
         kernels: dict[str, dict[str, Any]] = {}
         for f in p.functions:
             for ln in f.launches:
                 kernels.setdefault(ln.kernel, {"name": ln.kernel, "grid": list(ln.grid), "block": list(ln.block),
-                                               "shared_bytes": ln.shared_bytes})
+                                               "shared_bytes": ln.shared_bytes,
+                                               **({"dyn_grid": list(ln.dyn_grid)} if ln.dyn_grid else {})})
         out: dict[str, Any] = {"format": cls.format_names.get(p.fmt, p.fmt), "arch": p.arch}
         if p.data:
             out["binary_bytes"] = len(p.data)
@@ -645,6 +702,13 @@ class _Launcher:
         self._temp_allocs: list[tuple[Device, int]] = []
         # (device id, argument values) -> plan of the previous call
         self._last: tuple[tuple[Any, ...], Any] | None = None
+        #: the grid of each launch in the current plan (``(0, 0, 0)`` for one left out)
+        self.grids: tuple[tuple[int, int, int], ...] = tuple(ln.grid for ln in func.launches)
+        # run-time grids: one compiled function of the extents gives every launch's grid
+        self._grid_fn: Callable[..., Any] | None = None
+        if any(ln.dyn_grid for ln in func.launches):
+            self._grid_fn = sym.shape_function(
+                [[e or g for e, g in zip(ln.dyn_grid, ln.grid)] if ln.dyn_grid else ln.grid for ln in func.launches])
 
     def _temp_values(self, device_id: int) -> list[tuple[int, int]]:
         ts = self._temps.get(device_id)
@@ -707,12 +771,36 @@ class _Launcher:
             out.append(value if value is not None else 0)
         return tuple(out)
 
+    def _launches(self, extents: tuple[int, ...]) -> list[tuple[int, GPULaunch]]:
+        """``(index, launch)`` of each launch to make at these extents, with its actual grid:
+        a run-time grid clamped to ``[0, grid]``; a launch with an empty grid is left out."""
+        f = self.func
+        if self._grid_fn is None:
+            return list(enumerate(f.launches))
+        values = self._grid_fn({x.name: v for x, v in zip(f.extents, extents)})
+        out: list[tuple[int, GPULaunch]] = []
+        grids: list[tuple[int, int, int]] = []
+        for i, (ln, g) in enumerate(zip(f.launches, values)):
+            gx, gy, gz = (min(hi, max(0, int(v))) for v, hi in zip(g, ln.grid))
+            grid = (gx, gy, gz)
+            if 0 in grid:
+                grids.append((0, 0, 0))
+                continue
+            grids.append(grid)
+            out.append((i, ln if grid == ln.grid else dataclasses.replace(ln, grid=grid)))
+        self.grids = tuple(grids)
+        return out
+
     def _prepare(self, device_id: int, values: tuple[Any, ...], extents: tuple[int, ...] = ()) -> Any:
         m, f = self.module, self.func
         kernels = self._kernels.get(device_id)
         if kernels is None:
             program = m.program(device_id)
             kernels = self._kernels[device_id] = [m._kernel(program, device_id, ln) for ln in f.launches]
+        made = self._launches(extents)
+        if len(made) != len(f.launches) or any(ln is not f.launches[i] for i, ln in made):
+            kernels = [kernels[i] for i, _ in made]
+            f = dataclasses.replace(f, launches=tuple(ln for _, ln in made))
         vals: list[Any] = []
         for spec, v in zip(f.args, values):
             if spec.kind == ARG_TENSOR:

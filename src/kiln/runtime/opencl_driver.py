@@ -152,6 +152,7 @@ class OpenCLModule(GPUModule):
         # a buffer is two kernel parameters, the cl_mem and its byte offset; a scalar is one
         cargs = [(_c.c_void_p(v[0]), _c.c_int64(v[1])) if isinstance(v, tuple) else (v,) for v in values]
         plan = []
+        # ``ln.grid`` is the grid to launch: a run-time grid is already evaluated (GPUModule)
         for ln, kern in zip(func.launches, kernels):
             params = [p for j in ln.args for p in cargs[j]]
             glob = (_c.c_size_t * 3)(*[g * b for g, b in zip(ln.grid, ln.block)])
