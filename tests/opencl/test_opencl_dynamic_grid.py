@@ -22,8 +22,8 @@ from kiln.runtime import sym
 from kiln.runtime.binary import Writer
 from kiln.runtime.errors import FormatError, KilnError
 from kiln.runtime.gpu_module import ARG_TENSOR, GPUArg, GPUExtent, GPUFunction, GPULaunch, GPUPayload
-from kiln.tir.expr import IntImm, Var
-from kiln.tir.stmt import Buffer, BufferStore, For, IfThenElse, SeqStmt
+from kiln.tir.expr import Cast, IntImm, Var
+from kiln.tir.stmt import Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt
 from tests.opencl.test_opencl_dynamic import _dyn_kernel
 
 HAS_CL = kiln.opencl().exist
@@ -88,25 +88,93 @@ def _eval(e, env):
     return Analyzer().simplify(substitute(e, {k: IntImm(v) for k, v in env.items()})).value
 
 
-@pytest.mark.parametrize("stores", [
-    [_store(lambda bx, tx: bx * 32 + tx)],                                             # unguarded
-    [_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: (bx * 32 + tx) % 64 < n)],  # not monotone in bx
-    [_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < 200)],       # a static bound
-    [_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < n, else_store=True)],  # the else side
-    [_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < n),          # a second, unguarded
-     _store(lambda bx, tx: bx, None)],                                                 # write (a per-block flag)
-    [_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < n),          # two different bounds
-     _store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 16 + tx < n)],
+@pytest.mark.parametrize("stores, want", [
+    ([_store(lambda bx, tx: bx * 32 + tx)], ()),                                             # unguarded
+    ([_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: (bx * 32 + tx) % 64 < n)],       # not monotone in bx
+     ("", "n", "")),
+    ([_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < 200)], ()),       # a static bound
+    ([_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < n, else_store=True)], ()),  # else side
+    ([_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < n),               # a second, unguarded
+      _store(lambda bx, tx: bx, None)], ()),                                                 # write (a block flag)
+    ([_store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 32 + tx < n),               # two different bounds
+      _store(lambda bx, tx: bx * 32 + tx, lambda bx, tx, n: bx * 16 + tx < n)], ("", "n", "")),
 ])
-def test_kernels_that_keep_the_upper_bound_grid(stores):
-    got = _bx_kernel(*stores)
-    assert got[:1] in ((), ("",))  # (y, of size 1, may carry a guard that empties the launch: see below)
+def test_kernels_that_keep_the_upper_bound_grid(stores, want):
+    # x keeps its size; y (of size 1) may carry a guard that empties the launch (see below)
+    assert _bx_kernel(*stores) == want
 
 
 def test_a_guard_without_the_block_index_can_only_empty_a_launch():
     """``tx < n`` says nothing about which of the 8 blocks work, but fails everywhere at
     ``n = 0``: the size-1 dim ``y`` carries ``n`` (clamped to 0..1), ``x`` keeps its size."""
     assert _bx_kernel(_store(lambda bx, tx: tx, lambda bx, tx, n: tx < n)) == ("", "n", "")
+
+
+def _in_blocks(body_of):
+    """:func:`dynamic_grid` of ``for bx in blockIdx.x (8): for tx in threadIdx.x (32):
+    body_of(bx, tx, i, n, out)`` (``i``: one more int32 variable, ``out``: a global buffer)."""
+    from kiln.codegen.gpu_source import dynamic_grid
+
+    n, bx, tx, i = (Var(x, "int32") for x in ("n", "bx", "tx", "i"))
+    out = Buffer("out", (256,), "float32")
+    body = For(tx, 0, 32, "thread_binding", body_of(bx, tx, i, n, out), {"thread_tag": "threadIdx.x"})
+    body = For(bx, 0, 8, "thread_binding", body, {"thread_tag": "blockIdx.x"})
+    return dynamic_grid(body, (8, 1, 1), {n: 256}, set())
+
+
+def _guarded(bx, tx, i, n, out):
+    return IfThenElse(bx * 32 + i < n, BufferStore(out, 1.0, [bx * 32 + tx]))
+
+
+@pytest.mark.parametrize("body_of, want", [
+    # i in 0..15 needs (n+31)//32 groups, i in 10..13 (n+21)//32: different, so the grid stays
+    # (it was (n+21)//32 for both, which leaves out group 1 at n = 33, where i = 0 writes)
+    (lambda bx, tx, i, n, out: SeqStmt([For(i, 0, 16, "serial", _guarded(bx, tx, i, n, out)),
+                                        For(i, 10, 4, "serial", _guarded(bx, tx, i, n, out))]), ()),
+    # a run-time min: the range comes from the min's (i >= tx - 20 >= -20), not from the loop
+    # before ((n+31)//32 left out group 1 at n = 13, where i = -20 writes)
+    (lambda bx, tx, i, n, out: SeqStmt([For(i, 0, 16, "serial", Evaluate(0)),
+                                        For(i, tx - 20, 4, "serial", _guarded(bx, tx, i, n, out))]),
+     ("(n+51)//32", "", "")),
+    # ... and there is none when the min is unbounded (a let variable)
+    (lambda bx, tx, i, n, out: SeqStmt([For(i, 0, 16, "serial", Evaluate(0)), LetStmt(
+        j := Var("j", "int32"), tx - 20, For(i, j, 4, "serial", _guarded(bx, tx, i, n, out)))]), ()),
+    # the guard's i is the outer loop's, though an inner loop binds the same variable again
+    (lambda bx, tx, i, n, out: For(i, 0, 16, "serial", IfThenElse(
+        bx * 32 + i < n, For(i, 10, 4, "serial", BufferStore(out, 1.0, [bx * 32 + tx])))), ("(n+31)//32", "", "")),
+], ids=["two-loops", "runtime-min", "unbounded-min", "inner-loop"])
+def test_a_guard_is_read_with_the_ranges_of_the_loops_around_it(body_of, want):
+    """One loop variable in several loops: each guard is read with the range of the loop it
+    is in, not one left over from another loop."""
+    assert _in_blocks(body_of) == want
+
+
+@pytest.mark.parametrize("guard", [
+    lambda bx, tx, n: Cast("uint64", bx * 32 + tx) < Cast("uint64", n - 40),      # wraps below n = 40
+    lambda bx, tx, n: Cast("uint32", bx * 32 + tx) < Cast("uint32", n) - Cast("uint32", 40),
+    lambda bx, tx, n: bx * 32 + Cast("int32", Cast("uint32", tx)) < n,
+    lambda bx, tx, n: Cast("int64", bx * 32 + tx) < Cast("int64", Cast("uint64", n)),
+], ids=["u64-compare", "u32-compare", "u32-in-lhs", "u64-in-bound"])
+def test_unsigned_guards_bound_nothing(guard):
+    """An unsigned comparison or cast is not the integer arithmetic the bound assumes
+    (``(u64)(bx*32+tx) < (u64)(n-40)`` passes for every work-item when ``n < 40``)."""
+    assert _in_blocks(lambda bx, tx, i, n, out: IfThenElse(guard(bx, tx, n),
+                                                           BufferStore(out, 1.0, [bx * 32 + tx]))) == ()
+
+
+def test_an_extent_is_bounded_by_its_smallest_dim():
+    """``n`` sizes dims of 256 and of 64; the launcher enforces ``n <= 64``, so the guard's
+    ``- n`` is at least ``-64``: the grid is ``(n+95)//32`` (with 256 it never fell below 8)."""
+    from kiln.codegen.opencl import generate_opencl
+
+    n, bx, tx = Var("n", "int32"), Var("bx", "int32"), Var("tx", "int32")
+    A = Buffer("A", (256,), "float32", dyn=(n,))
+    B = Buffer("B", (64,), "float32", dyn=(n,))
+    body = IfThenElse(bx * 32 + tx - n < n, BufferStore(A, 1.0, [bx * 32 + tx]))
+    body = For(tx, 0, 32, "thread_binding", body, {"thread_tag": "threadIdx.x"})
+    body = For(bx, 0, 8, "thread_binding", body, {"thread_tag": "blockIdx.x"})
+    _, (f,) = generate_opencl([PrimFunc("f", [A, B], body)])
+    assert f["kernels"][0]["dyn_grid"] == ["(n+95)//32", "", ""]
 
 
 def test_static_and_dynamic_metadata():
@@ -209,6 +277,52 @@ def test_bad_grid_expressions_are_format_errors(dyn_grid, match):
         GPUFunction.from_dict(d)
     with pytest.raises(KilnError, match="a run-time grid has 3 expressions"):  # never written
         OpenCLModule.encode_payload(GPUPayload("cl", b"", "", "", [_table(("n", ""))]))
+
+
+def _load_grid(dyn_grid):
+    from kiln.runtime.opencl_driver import OpenCLModule
+
+    return OpenCLModule.load_binary(OpenCLModule.encode_payload(GPUPayload("cl", b"", "", "", [_table(dyn_grid)])))
+
+
+_DEEP = "n" + "//2*3" * 100  # 501 characters, 100 nested floor divisions: too deep for Python's parser
+_WHERE = r"launch 0 \(kernel 'k'\) of 'f', grid dim y: "
+
+
+@pytest.mark.parametrize("expr, match", [
+    ("+".join(["n"] * 200), "399 characters, more than the 256"),
+    (_DEEP, "501 characters"),
+], ids=["long", "deep"])
+def test_long_grid_expressions_are_format_errors_at_load(expr, match):
+    """Each expression is capped in length (parsing and compiling cost grow with it), so a
+    payload with a long one fails ``load_binary``, not the first ``get_function``."""
+    with pytest.raises(FormatError, match=_WHERE + match):
+        _load_grid(("", expr, ""))
+    assert _load_grid(("", "n" + "//2*3" * 40, "")).functions["f"].launches[0].dyn_grid[1]  # 201 characters
+
+
+@pytest.mark.parametrize("expr, match", [(_DEEP, "SyntaxError.*nested"), ("n" + "//2*3" * 2000, "RecursionError")],
+                         ids=["too-many-parentheses", "too-deep"])
+def test_grid_expressions_are_compiled_at_load(monkeypatch, expr, match):
+    """What the cap keeps out: expressions the launcher could not compile."""
+    from kiln.runtime import gpu_module
+
+    monkeypatch.setattr(gpu_module, "MAX_GRID_EXPRESSION", 10**6, raising=False)
+    with pytest.raises(FormatError, match=_WHERE + "bad run-time grid expression .*" + match):
+        _load_grid(("", expr, ""))
+
+
+def test_an_all_empty_run_time_grid_is_no_run_time_grid():
+    from kiln.runtime.gpu_module import payload_version
+    from kiln.runtime.opencl_driver import OpenCLModule
+
+    d = _table().to_dict()
+    d["kernels"][0]["dyn_grid"] = ["", "", ""]
+    f = GPUFunction.from_dict(d)
+    assert f == _table() and GPUFunction.from_dict(f.to_dict()) == f
+    assert payload_version([_table(("", "", ""))]) == 3  # no version 4 for three empty strings
+    raw = OpenCLModule.encode_payload(GPUPayload("cl", b"", "__kernel void k() {}", "", [_table(("", "", ""))]))
+    assert raw == _v3_bytes(_table())
 
 
 # ---------------------------------------------------------------------------------- PoCL

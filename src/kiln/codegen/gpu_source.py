@@ -41,10 +41,10 @@ work-groups keep their full size, which barriers need.
 
 The *grid* may follow the extents (:func:`dynamic_grid`): a grid dim whose every global write
 sits under a guard ``k * b + rest < R`` on its work-group index ``b`` (``k > 0``, ``rest``
-bounded below by a constant, ``R`` built from runtime extents with ``+ - * //``: the relaxed
-guards the lowering writes) gets the run-time grid ``ceil((R - min rest) / k)``, recorded as
-a :mod:`kiln.runtime.sym` expression over the extents' names (``dyn_grid``; the launcher
-clamps it to ``[0, grid]``). Work-groups past it would have written nothing, so leaving them
+bounded below by a constant, ``R`` built from runtime extents with ``+ - * //``, all signed:
+the relaxed guards the lowering writes) gets the run-time grid ``ceil((R - min rest) / k)``,
+recorded as a :mod:`kiln.runtime.sym` expression over the extents' names (``dyn_grid``; the
+launcher clamps it to ``[0, grid]``). Work-groups past it would have written nothing, so leaving them
 out changes no result. Anything else keeps the upper-bound grid.
 
 Metadata (``GPUFunctionInfo.to_dict``), JSON-serializable, is what a runtime module needs to
@@ -83,12 +83,13 @@ from typing import Any, Sequence
 
 from ..runtime import sym
 from ..runtime.errors import CompileError, InputError
-from ..tir.dtype import bits_of, is_integer
+from ..tir.dtype import bits_of, is_int, is_uint
 from ..tir.expr import BinaryOp, Call, Cast, FloatImm, IntImm, Load, PrimExpr, Var
 from ..tir.functor import collect_vars, post_order_visit
 from ..tir.intrin import SET_EXTENT, set_extent_targets
-from ..tir.simplify import Analyzer
+from ..tir.simplify import INF, Analyzer
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
+from ..tir.unswitch import extent_bounds
 from .cstyle import C_KEYWORDS, CDialect, CStylePrinter, Scope
 
 __all__ = [
@@ -257,11 +258,10 @@ class GPUSourceGenerator(CStylePrinter):
         # run-time grids name the extents, so they need distinct valid names (always so for
         # what the lowering makes; a hand-written PrimFunc may differ and keeps static grids)
         names = [v.name for v in f.dyn_vars]
+        # each with the bound the launcher enforces: the smallest dim it sizes
         self._grid_extents = {}
         if len(set(names)) == len(names) and all(_valid_name(n) for n in names):
-            for v, x in zip(f.dyn_vars, info.extents):
-                i, d = x["dims"][0] if x["dims"] else (None, None)
-                self._grid_extents[v] = int(f.params[i].shape[d]) if i is not None else 0
+            self._grid_extents = extent_bounds(f.params)
         bufs: dict[int, Buffer] = {id(b.data): b for b in f.params}
         parts: list[Stmt] = []
         self._split(f.body, info, slots, bufs, parts)
@@ -446,6 +446,10 @@ class GPUSourceGenerator(CStylePrinter):
         return "#pragma unroll" if s.kind == "unrolled" and isinstance(s.extent, IntImm) else None
 
 
+#: per grid dim, a grid bound (a :mod:`kiln.runtime.sym` expression) or None
+_Bounds = tuple[str | None, ...]
+
+
 def _valid_name(name: str) -> bool:
     try:
         sym.check_name(name)
@@ -462,10 +466,11 @@ def dynamic_grid(body: Stmt, grid: Sequence[int], extents: dict[Var, int], local
     itself, an ``Evaluate`` of anything but a barrier -- is under an ``if`` whose condition has
     a conjunct ``k * b + rest < R`` with ``k > 0`` (after ``floordiv(x, c) < R`` became
     ``x < R * c``, the inverse of :func:`kiln.te.dynamic.dyn_guard`), ``rest`` not involving
-    ``b`` and bounded below by a constant ``lo`` over the known loop ranges, and ``R`` an
-    integer expression of runtime extents. Such a guard fails for every ``b >= ceil((R - lo)
-    / k)``, so those work-groups write nothing and the grid may stop there. All side effects
-    must give the same bound (a kernel writing under two different guards keeps its grid).
+    ``b`` and bounded below by a constant ``lo`` over the ranges of the loops around that
+    ``if``, and ``R`` an integer expression of runtime extents, all in signed integer types
+    (unsigned arithmetic wraps). Such a guard fails for every ``b >= ceil((R - lo) / k)``, so
+    those work-groups write nothing and the grid may stop there. All side effects must give
+    the same bound (a kernel writing under two different guards keeps its grid).
 
     A dim of launch size 1 may also take a guard without ``b`` (``k = 0``: the kernel's
     ``if (0 < batch * 6)``): its expression ``R - lo`` is clamped to ``[0, 1]`` by the
@@ -479,8 +484,9 @@ def dynamic_grid(body: Stmt, grid: Sequence[int], extents: dict[Var, int], local
     grid : sequence of 3 ints
         The compile-time (upper-bound) grid.
     extents : dict of Var to int
-        The function's runtime extents with their upper bounds; the expressions use the
-        variables' names (distinct, valid :mod:`kiln.runtime.sym` names).
+        The function's runtime extents with their upper bounds (the smallest dim each sizes,
+        which the launcher enforces); the expressions use the variables' names (distinct,
+        valid :mod:`kiln.runtime.sym` names).
     local : set of int
         ``id(buffer.data)`` of the buffers the kernel allocates (per work-item or work-group
         memory): stores into them are invisible outside the work-group.
@@ -495,50 +501,64 @@ def dynamic_grid(body: Stmt, grid: Sequence[int], extents: dict[Var, int], local
     for v, hi in extents.items():
         ana.bind(v, 0, hi)
     tags = tuple(f"blockIdx.{a}" for a in "xyz")
-    # each side effect: the conjuncts known true there, and the loop variable of each block tag
-    effects: list[tuple[tuple[PrimExpr, ...], dict[str, Var]]] = []
+    # per side effect, per grid dim: the bound of the first enclosing conjunct that gives one.
+    # A conjunct is read where its ``if`` is, with the ranges of the loops around it then in
+    # force (a loop variable may be bound again by a later or an inner loop).
+    effects: list[_Bounds] = []
 
-    def walk(s: Stmt, facts: tuple[PrimExpr, ...], blocks: dict[str, Var]) -> None:
+    def scoped(var: Var, rng: tuple[float, float] | None, body: Stmt, facts: tuple[_Bounds, ...],
+               blocks: dict[str, Var]) -> None:
+        """Walk ``body`` with ``var`` in ``rng`` (``None``: unknown), then restore its range."""
+        old = ana.ranges.pop(var, None)
+        if rng is not None:
+            ana.bind(var, *rng)
+        try:
+            walk(body, facts, blocks)
+        finally:
+            ana.ranges.pop(var, None)
+            if old is not None:
+                ana.ranges[var] = old
+
+    def walk(s: Stmt, facts: tuple[_Bounds, ...], blocks: dict[str, Var]) -> None:
         if isinstance(s, SeqStmt):
             for x in s.seq:
                 walk(x, facts, blocks)
         elif isinstance(s, IfThenElse):
-            walk(s.then_case, facts + _conjuncts(s.cond), blocks)
+            new = tuple(tuple(_guard_bound(c, blocks.get(tag), grid[a], ana, extents) for a, tag in enumerate(tags))
+                        for c in _conjuncts(s.cond))
+            walk(s.then_case, facts + new, blocks)
             if s.else_case is not None:
                 walk(s.else_case, facts, blocks)
         elif isinstance(s, For):
-            if isinstance(s.min, IntImm):
-                hi = s.min.value + s.extent.value - 1 if isinstance(s.extent, IntImm) else float("inf")
-                ana.bind(s.loop_var, s.min.value, hi)
+            lo, mhi = ana.const_int_bound(s.min)
+            _, ehi = ana.const_int_bound(s.extent)
+            rng = (lo, mhi + ehi - 1 if INF not in (mhi, ehi) else INF) if lo != -INF else None
             tag = s.annotations.get("thread_tag") if s.kind == "thread_binding" else None
             if tag in tags and isinstance(s.min, IntImm) and s.min.value == 0:
                 blocks = {**blocks, tag: s.loop_var}
-            walk(s.body, facts, blocks)
-        elif isinstance(s, (Allocate, LetStmt)):
+            scoped(s.loop_var, rng, s.body, facts, blocks)
+        elif isinstance(s, LetStmt):
+            scoped(s.var, None, s.body, facts, blocks)
+        elif isinstance(s, Allocate):
             walk(s.body, facts, blocks)
         elif isinstance(s, BufferStore):
             if id(s.buffer.data) not in local:
-                effects.append((facts, blocks))
+                effects.append(_first_bounds(facts))
         elif isinstance(s, Evaluate):
             if not (isinstance(s.value, (IntImm, FloatImm))
                     or (isinstance(s.value, Call) and s.value.op == BARRIER_INTRINSIC)):
-                effects.append((facts, blocks))
+                effects.append(_first_bounds(facts))
         else:  # a statement this analysis does not know: assume it writes, unguarded
-            effects.append(((), blocks))
+            effects.append((None, None, None))
 
     walk(body, (), {})
     if not effects:
         return ()
     out = []
-    for a, tag in enumerate(tags):
-        bound: str | None = None
-        for facts, blocks in effects:
-            b = next((x for x in (_guard_bound(f, blocks.get(tag), grid[a], ana, extents) for f in facts)
-                      if x is not None), None)
-            if b is None or (bound is not None and b != bound):
-                bound = None
-                break
-            bound = b
+    for a in range(3):
+        bound = effects[0][a]
+        if any(b[a] != bound for b in effects):
+            bound = None  # unguarded somewhere, or guards giving different bounds
         # a bound that is never below the launch size (over extents 0..upper bound) is no use
         if bound is not None and sym.bounds(bound, {v.name: (0, hi) for v, hi in extents.items()})[0] >= grid[a]:
             bound = None
@@ -551,6 +571,11 @@ def dynamic_grid(body: Stmt, grid: Sequence[int], extents: dict[Var, int], local
     return tuple(out) if any(out) else ()
 
 
+def _first_bounds(facts: Sequence[_Bounds]) -> _Bounds:
+    """Per grid dim, the first bound among ``facts`` (each conjunct's, outermost first)."""
+    return tuple(next((f[a] for f in facts if f[a] is not None), None) for a in range(3))
+
+
 def _conjuncts(cond: PrimExpr) -> tuple[PrimExpr, ...]:
     if isinstance(cond, BinaryOp) and cond.op == "and":
         return _conjuncts(cond.a) + _conjuncts(cond.b)
@@ -561,6 +586,9 @@ def _guard_bound(fact: PrimExpr, b: Var | None, size: int, ana: Analyzer, extent
     """The grid ``fact`` implies for the block index ``b`` (see :func:`dynamic_grid`), or None."""
     if not (isinstance(fact, BinaryOp) and fact.op in ("lt", "le")):
         return None
+    # signed arithmetic only: an unsigned value wraps (``(u64)(n - 40)`` is huge for n < 40)
+    if not is_int(fact.a.dtype) or _has_unsigned(fact.a):
+        return None
     bound = _as_sym(fact.b, extents)
     if bound is None or not sym.is_symbolic(bound):
         return None
@@ -570,9 +598,7 @@ def _guard_bound(fact: PrimExpr, b: Var | None, size: int, ana: Analyzer, extent
     while isinstance(lhs, BinaryOp) and lhs.op == "floordiv" and isinstance(lhs.b, IntImm) and lhs.b.value > 0:
         bound = sym.mul(bound, lhs.b.value)  # floordiv(x, c) < R  <=>  x < R * c  (c > 0)
         lhs = lhs.a
-    if not is_integer(lhs.dtype):
-        return None
-    terms, lo = ana._linear(ana.simplify(lhs))
+    terms, lo = ana.linear(ana.simplify(lhs))
     k = 0
     for atom, coef in terms.values():
         if b is not None and atom is b:
@@ -596,15 +622,17 @@ def _guard_bound(fact: PrimExpr, b: Var | None, size: int, ana: Analyzer, extent
 
 def _as_sym(e: PrimExpr, extents: dict[Var, int]) -> sym.Dim | None:
     """``e`` as a :mod:`kiln.runtime.sym` dim when it is built from runtime extents and integer
-    constants with ``+ - *``, ``floordiv`` by a positive constant and widening integer casts."""
+    constants with ``+ - *``, ``floordiv`` by a positive constant and widening casts, all of
+    signed integer types (unsigned arithmetic wraps where ``sym`` does not)."""
+    if not is_int(e.dtype):
+        return None
     if isinstance(e, IntImm):
         return int(e.value)
     if isinstance(e, Var):
         return e.name if e in extents else None
     if isinstance(e, Cast):
-        # exact for every value: a strictly wider integer type, or the same type
-        if is_integer(e.dtype) and is_integer(e.value.dtype) and (
-                bits_of(e.dtype) > bits_of(e.value.dtype) or e.dtype == e.value.dtype):
+        # exact for every value: a strictly wider signed type, or the same type
+        if is_int(e.value.dtype) and bits_of(e.dtype) >= bits_of(e.value.dtype):
             return _as_sym(e.value, extents)
         return None
     if isinstance(e, BinaryOp) and e.op in ("add", "sub", "mul", "floordiv"):
@@ -618,6 +646,13 @@ def _as_sym(e: PrimExpr, extents: dict[Var, int]) -> sym.Dim | None:
             return None
         return {"add": sym.add, "sub": sym.sub, "mul": sym.mul}[e.op](a, c)
     return None
+
+
+def _has_unsigned(e: PrimExpr) -> bool:
+    """Whether a node of ``e`` has an unsigned integer type."""
+    found: list[bool] = []
+    post_order_visit(e, lambda n: found.append(True) if is_uint(getattr(n, "dtype", "")) else None)
+    return bool(found)
 
 
 def _vars_of(e: PrimExpr) -> set[Var]:

@@ -43,7 +43,8 @@ and that many bytes (UTF-8 for text)::
                 dtype ("int32" / "int64"), u64 count, (u32 argument, u32 dim) each
       u64       number of launches; per launch: string kernel, u32 grid[3], u32 block[3],
                 u32 dynamic shared bytes, u64 count, u32 argument index each,
-                (version 4 only) string dyn_grid[3] ("" for a dim that keeps its size)
+                (version 4 only) string dyn_grid[3] ("" for a dim that keeps its size;
+                at most MAX_GRID_EXPRESSION characters each)
 
 Older payloads (``cuda`` version 1: arguments without names; ``opencl`` version 1: JSON
 metadata) are read by the subclasses' :meth:`GPUModule._decode_legacy`.
@@ -91,8 +92,8 @@ from .module import Module
 
 __all__ = [
     "ARG_TENSOR", "ARG_INT", "ARG_FLOAT", "GPUArg", "GPUExtent", "GPULaunch", "GPUFunction", "GPUPayload",
-    "GPUModule", "PAYLOAD_VERSION", "DYNAMIC_PAYLOAD_VERSION", "GRID_PAYLOAD_VERSION", "SCALAR_CTYPES",
-    "GPUDeviceAPI",
+    "GPUModule", "PAYLOAD_VERSION", "DYNAMIC_PAYLOAD_VERSION", "GRID_PAYLOAD_VERSION", "MAX_GRID_EXPRESSION",
+    "SCALAR_CTYPES", "GPUDeviceAPI",
 ]
 
 #: Argument kinds in the function table.
@@ -107,6 +108,12 @@ DYNAMIC_PAYLOAD_VERSION = 3
 #: The version written when, in addition, some launch has a run-time grid (version 3 plus
 #: three grid expressions per launch); modules without one keep writing version 2 or 3.
 GRID_PAYLOAD_VERSION = 4
+
+#: The longest run-time grid expression a function table may hold, in characters: parsing
+#: and compiling one costs time and stack growing with its length (the code generator's are
+#: short: the longest the tests in ``tests/opencl`` and ``tests/cuda`` produce,
+#: ``(3200*batch_rt+255)//256``, has 24).
+MAX_GRID_EXPRESSION = 256
 
 #: ctypes type of each scalar dtype a kernel may take by value.
 SCALAR_CTYPES: dict[str, Any] = {
@@ -206,7 +213,9 @@ class GPUFunction:
 
     def check(self, where: str) -> None:
         """Raise :class:`FormatError` unless every launch takes existing arguments, temporaries
-        or extents, and every extent names a tensor dim of the function."""
+        or extents, every extent names a tensor dim of the function, and every run-time grid
+        expression is at most :data:`MAX_GRID_EXPRESSION` characters over the extent names
+        and compiles as the launcher compiles it (the error names the launch and grid dim)."""
         n = len(self.args) + len(self.temps) + len(self.extents)
         for ln in self.launches:
             for i in ln.args:
@@ -224,17 +233,24 @@ class GPUFunction:
                     raise FormatError(f"{where}: runtime extent {x.name!r} of {self.name!r} is dim {d} of argument "
                                       f"{i}, which is not a dim of a tensor argument")
         names = [x.name for x in self.extents]
-        for ln in self.launches:
+        for li, ln in enumerate(self.launches):
             if not ln.dyn_grid:
                 continue
             what = f"{where}: run-time grid {list(ln.dyn_grid)} of kernel {ln.kernel!r} of {self.name!r}"
             if len(ln.dyn_grid) != 3 or len(set(names)) != len(names):
                 raise FormatError(f"{what}: expected 3 expressions over distinctly named runtime extents {names}")
-            for e in ln.dyn_grid:
+            for axis, e in zip("xyz", ln.dyn_grid):
+                if not e:
+                    continue
+                what = f"{where}: launch {li} (kernel {ln.kernel!r}) of {self.name!r}, grid dim {axis}"
+                if len(e) > MAX_GRID_EXPRESSION:
+                    raise FormatError(f"{what}: {len(e)} characters, more than the {MAX_GRID_EXPRESSION} a run-time "
+                                      f"grid expression may have ({e:.60}...)")
                 try:
-                    free = sym.symbols(e) if e else frozenset()
-                except (InputError, RecursionError, ValueError) as err:
-                    raise FormatError(f"{what}: {err!r}") from None
+                    free = sym.symbols(e)
+                    _grid_function([(e, 1, 1)])  # what the launcher compiles
+                except (InputError, SyntaxError, RecursionError, MemoryError, ValueError) as err:
+                    raise FormatError(f"{what}: bad run-time grid expression {e!r}: {err!r}") from None
                 if not free <= set(names):
                     raise FormatError(f"{what}: {e!r} names {sorted(free - set(names))}, which are not runtime "
                                       f"extents of the function ({names})")
@@ -272,6 +288,7 @@ class GPUFunction:
                 if len(grid) != 3 or len(block) != 3 or not all(0 < x < 2**32 for x in (*grid, *block)):
                     raise ValueError(f"grid {list(grid)} / block {list(block)} must be 3 positive u32 each")
                 dyn = tuple(str(e) for e in k.get("dyn_grid", ()))
+                dyn = dyn if any(dyn) else ()  # no dim with an expression: no run-time grid
                 launches.append(GPULaunch(str(k["name"]), grid, block, 0, tuple(idx), dyn))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise FormatError(f"{where}: malformed function metadata ({err!r}) in {d!r:.200}") from None
@@ -311,11 +328,18 @@ class GPUPayload:
     functions: list[GPUFunction] = field(default_factory=list)
 
 
+def _grid_function(grids: Sequence[Sequence[sym.Dim]]) -> Callable[[Mapping[str, int]], list[tuple[int, ...]]]:
+    """The launcher's function of the extents giving each launch's grid (``grids``: per launch,
+    per dim, a run-time grid expression or the static size); :meth:`GPUFunction.check`
+    compiles each expression with it once, so a table that loads compiles."""
+    return sym.shape_function(grids)
+
+
 def payload_version(functions: Sequence[GPUFunction]) -> int:
     """The layout a function table needs: version 4 when a launch has a run-time grid, 3 when
     a function has runtime extents, else version 2 (each byte for byte what the Kilns that
     introduced it wrote, so a module needing no newer field stays readable by them)."""
-    if any(ln.dyn_grid for f in functions for ln in f.launches):
+    if any(e for f in functions for ln in f.launches for e in ln.dyn_grid):
         return GRID_PAYLOAD_VERSION
     return DYNAMIC_PAYLOAD_VERSION if any(f.extents for f in functions) else PAYLOAD_VERSION
 
@@ -707,7 +731,7 @@ class _Launcher:
         # run-time grids: one compiled function of the extents gives every launch's grid
         self._grid_fn: Callable[..., Any] | None = None
         if any(ln.dyn_grid for ln in func.launches):
-            self._grid_fn = sym.shape_function(
+            self._grid_fn = _grid_function(
                 [[e or g for e, g in zip(ln.dyn_grid, ln.grid)] if ln.dyn_grid else ln.grid for ln in func.launches])
 
     def _temp_values(self, device_id: int) -> list[tuple[int, int]]:

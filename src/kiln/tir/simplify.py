@@ -132,6 +132,12 @@ class Analyzer:
         return isinstance(c, IntImm) and c.value != 0
 
     # ------------------------------------------------------------------ linear forms
+    def linear(self, e: PrimExpr) -> tuple[dict[Any, list[Any]], int]:
+        """``e`` as a sum ``(terms, const)``: ``terms`` maps a structural key to ``[atom,
+        coefficient]``, each atom a simplified non-linear part (a variable, ``x // c``, ...)
+        under this analyzer's ranges; ``e == sum(coefficient * atom) + const``."""
+        return self._linear(e)
+
     def _linear(self, e: PrimExpr) -> tuple[dict[Any, list[Any]], int]:
         """``e`` as ``({key: [atom, coeff]}, const)``; atoms are simplified non-linear parts."""
         if isinstance(e, IntImm):
