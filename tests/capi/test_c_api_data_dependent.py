@@ -26,6 +26,7 @@ from tests.capi.test_c_api import _cc, _run
 from tests.capi.test_c_api import pytestmark as _needs_cc
 from tests.capi.test_c_api_dynamic import DRIVER, Session, _lines, _read, _status
 from tests.frontend.onnx_check import run_ort
+from tests.frontend.test_onnx_data_dependent import detection_graph
 
 pytestmark = _needs_cc
 RNG = np.random.default_rng(23)
@@ -156,22 +157,7 @@ def test_detection_post_processing_from_c_matches_onnxruntime(driver, tmp_path):
     -> Concat -> ReduceSum, all on the data-dependent number of detections (as in
     tests/frontend/test_onnx_data_dependent.py, here from C)."""
     n = 60
-    nodes = [
-        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "thr"], ["sel"]),
-        helper.make_node("Gather", ["sel", "two"], ["box_idx"], axis=1),
-        helper.make_node("Squeeze", ["boxes", "zero"], ["b0"]),
-        helper.make_node("Gather", ["b0", "box_idx"], ["chosen"], axis=0),
-        helper.make_node("Reshape", ["scores", "flat"], ["s0"]),
-        helper.make_node("Gather", ["s0", "box_idx"], ["chosen_s"], axis=0),
-        helper.make_node("Unsqueeze", ["chosen_s", "one"], ["s_col"]),
-        helper.make_node("Mul", ["chosen", "scale"], ["scaled"]),
-        helper.make_node("Concat", ["scaled", "s_col"], ["det"], axis=1),
-        helper.make_node("ReduceSum", ["det", "zero"], ["total"], keepdims=0),
-    ]
-    inits = {"max_out": np.array([20], np.int64), "iou": np.array([0.5], np.float32),
-             "thr": np.array([0.2], np.float32), "two": np.array(2, np.int64), "zero": np.array([0], np.int64),
-             "one": np.array([1], np.int64), "flat": np.array([n], np.int64),
-             "scale": np.array([2.0, 2.0, 3.0, 3.0], np.float32)}
+    nodes, inits = detection_graph(n, 20)
     model = _model(nodes, {"boxes": (np.float32, (1, n, 4)), "scores": (np.float32, (1, 1, n))},
                    ["sel", "det", "total"], inits)
     lib = _export(model, tmp_path, "nms.so")

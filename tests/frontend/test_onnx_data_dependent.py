@@ -143,11 +143,11 @@ def test_range_runtime_bounds(target, tmp_path):
     _check(model, target, tmp_path, [{k: np.asarray(v) for k, v in f.items()} for f in feeds])
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_detection_post_processing(target, tmp_path):
-    """Acceptance: boxes -> NonMaxSuppression -> Gather(selected[:, 2]) -> box and score
-    gathers -> arithmetic -> Concat, all on the data-dependent number of detections."""
-    n = 200
+def detection_graph(n: int, max_out: int) -> tuple[list, dict[str, np.ndarray]]:
+    """Nodes and initializers of a detection post-processing graph over ``n`` boxes:
+    NonMaxSuppression -> Gather(selected[:, 2]) -> box and score gathers -> arithmetic ->
+    Concat -> ReduceSum, all on the data-dependent number of detections (inputs ``boxes``
+    ``(1, n, 4)`` and ``scores`` ``(1, 1, n)``; outputs ``sel``, ``det``, ``total``)."""
     nodes = [
         helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "thr"], ["sel"]),
         helper.make_node("Gather", ["sel", "two"], ["box_idx"], axis=1),
@@ -160,10 +160,19 @@ def test_detection_post_processing(target, tmp_path):
         helper.make_node("Concat", ["scaled", "s_col"], ["det"], axis=1),
         helper.make_node("ReduceSum", ["det", "zero"], ["total"], keepdims=0),
     ]
-    inits = {"max_out": np.array([50], np.int64), "iou": np.array([0.5], np.float32),
+    inits = {"max_out": np.array([max_out], np.int64), "iou": np.array([0.5], np.float32),
              "thr": np.array([0.2], np.float32), "two": np.array(2, np.int64), "zero": np.array([0], np.int64),
              "one": np.array([1], np.int64), "flat": np.array([n], np.int64),
              "scale": np.array([2.0, 2.0, 3.0, 3.0], np.float32)}
+    return nodes, inits
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_detection_post_processing(target, tmp_path):
+    """Acceptance: boxes -> NonMaxSuppression -> Gather(selected[:, 2]) -> box and score
+    gathers -> arithmetic -> Concat, all on the data-dependent number of detections."""
+    n = 200
+    nodes, inits = detection_graph(n, 50)
     model = _model(nodes, {"boxes": (np.float32, (1, n, 4)), "scores": (np.float32, (1, 1, n))},
                    ["sel", "det", "total"], inits)
     feeds = [{"boxes": _boxes(n), "scores": RNG.random((1, 1, n)).astype(np.float32)} for _ in range(3)]
