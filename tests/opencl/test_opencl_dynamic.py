@@ -67,17 +67,22 @@ def test_kernels_take_the_extents_they_read_and_launch_at_the_upper_bound():
     assert (k["grid"], k["block"]) == ([4, 1, 1], [32, 1, 1])
 
 
-def test_static_kernels_are_unchanged_and_keep_payload_version_2():
-    from kiln.codegen.opencl import build_opencl
-    from kiln.runtime.opencl_driver import OpenCLModule
-
+def static_inc_kernel():
+    """``C = A + 1`` over 64 static elements, 32 work-items per group: no runtime extent."""
     A = te.placeholder((64,), name="A")
     C = te.compute((64,), lambda i: A[i] + 1.0, name="C")
     s = te.create_schedule(C)
     bx, tx = s[C].split(C.op.axis[0], factor=32)
     s[C].bind(bx, te.thread_axis("blockIdx.x"))
     s[C].bind(tx, te.thread_axis("threadIdx.x"))
-    mod = build_opencl([tir.lower(s, [A, C], "inc")])
+    return tir.lower(s, [A, C], "inc")
+
+
+def test_static_kernels_are_unchanged_and_keep_payload_version_2():
+    from kiln.codegen.opencl import build_opencl
+    from kiln.runtime.opencl_driver import OpenCLModule
+
+    mod = build_opencl([static_inc_kernel()])
     raw = mod.save_to_binary()
     assert int.from_bytes(raw[8:12], "little") == 2
     assert "extents" not in mod.functions["inc"].to_dict()

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import ir, te, tir
+from kiln import ir
 from kiln.runtime import sym
 from kiln.runtime.binary import Writer
 from kiln.runtime.errors import FormatError, KilnError
 from kiln.runtime.gpu_module import ARG_TENSOR, GPUArg, GPUExtent, GPUFunction, GPULaunch, GPUPayload
 from kiln.tir.expr import Cast, IntImm, Var
 from kiln.tir.stmt import Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt
-from tests.opencl.test_opencl_dynamic import _dyn_kernel
+from tests.opencl.test_opencl_dynamic import _dyn_kernel, static_inc_kernel
 
 HAS_CL = kiln.opencl().exist
 needs_cl = pytest.mark.skipif(not HAS_CL, reason="no OpenCL device (install ocl-icd-libopencl1 and pocl-opencl-icd)")
@@ -182,13 +182,7 @@ def test_static_and_dynamic_metadata():
 
     _, (f,) = generate_opencl([_dyn_kernel()])
     assert f["kernels"][0]["dyn_grid"] == ["(n+31)//32", "", ""]
-    A = te.placeholder((64,), name="A")
-    C = te.compute((64,), lambda i: A[i] + 1.0, name="C")
-    s = te.create_schedule(C)
-    bx, tx = s[C].split(C.op.axis[0], factor=32)
-    s[C].bind(bx, te.thread_axis("blockIdx.x"))
-    s[C].bind(tx, te.thread_axis("threadIdx.x"))
-    static = build_opencl([tir.lower(s, [A, C], "inc")])
+    static = build_opencl([static_inc_kernel()])
     assert static.functions["inc"].launches[0].dyn_grid == ()
     assert "dyn_grid" not in static.functions["inc"].to_dict()["kernels"][0]
     mod = build_opencl([_dyn_kernel()])

@@ -84,7 +84,7 @@ from typing import Any, Sequence
 from ..runtime import sym
 from ..runtime.errors import CompileError, InputError
 from ..tir.dtype import bits_of, is_int, is_uint
-from ..tir.expr import BinaryOp, Call, Cast, FloatImm, IntImm, Load, PrimExpr, Var
+from ..tir.expr import BinaryOp, Call, Cast, FloatImm, IntImm, Load, PrimExpr, Var, conjuncts
 from ..tir.functor import collect_vars, post_order_visit
 from ..tir.intrin import SET_EXTENT, set_extent_targets
 from ..tir.simplify import INF, Analyzer
@@ -525,7 +525,7 @@ def dynamic_grid(body: Stmt, grid: Sequence[int], extents: dict[Var, int], local
                 walk(x, facts, blocks)
         elif isinstance(s, IfThenElse):
             new = tuple(tuple(_guard_bound(c, blocks.get(tag), grid[a], ana, extents) for a, tag in enumerate(tags))
-                        for c in _conjuncts(s.cond))
+                        for c in conjuncts(s.cond))
             walk(s.then_case, facts + new, blocks)
             if s.else_case is not None:
                 walk(s.else_case, facts, blocks)
@@ -574,12 +574,6 @@ def dynamic_grid(body: Stmt, grid: Sequence[int], extents: dict[Var, int], local
 def _first_bounds(facts: Sequence[_Bounds]) -> _Bounds:
     """Per grid dim, the first bound among ``facts`` (each conjunct's, outermost first)."""
     return tuple(next((f[a] for f in facts if f[a] is not None), None) for a in range(3))
-
-
-def _conjuncts(cond: PrimExpr) -> tuple[PrimExpr, ...]:
-    if isinstance(cond, BinaryOp) and cond.op == "and":
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return (cond,)
 
 
 def _guard_bound(fact: PrimExpr, b: Var | None, size: int, ana: Analyzer, extents: dict[Var, int]) -> str | None:

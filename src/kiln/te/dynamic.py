@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 from ..runtime.errors import CompileError
 from ..tir.expr import (CHECKED_INDEX, BinaryOp, Call, Cast, IntImm, PrimExpr, ProducerLoad, Reduce, Select, Var,
-                        binary, const, structural_equal)
+                        binary, conjuncts, const, structural_equal)
 from ..tir.functor import children, collect_vars, post_order_visit
 from ..tir.simplify import Analyzer
 from .tensor import IterVar, Operation, PlaceholderOp, Tensor
@@ -67,22 +67,16 @@ def _guarded_loads(bodies: Sequence[PrimExpr]) -> list[tuple[ProducerLoad, tuple
             stack.extend((i, facts) for i in n.indices)
         elif isinstance(n, Select):
             stack.append((n.cond, facts))
-            stack.append((n.true_value, facts + _conjuncts(n.cond)))
+            stack.append((n.true_value, facts + conjuncts(n.cond)))
             stack.append((n.false_value, facts))
         elif isinstance(n, Reduce):
-            cond = _conjuncts(n.condition) if n.condition is not None else ()
+            cond = conjuncts(n.condition) if n.condition is not None else ()
             stack.append((n.source, facts + cond))
             if n.condition is not None:
                 stack.append((n.condition, facts))
         else:
             stack.extend((c, facts) for c in children(n))
     return out
-
-
-def _conjuncts(cond: PrimExpr) -> tuple[PrimExpr, ...]:
-    if isinstance(cond, BinaryOp) and cond.op == "and":
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return (cond,)
 
 
 def _guarded(idx: PrimExpr, v: Var, facts: Sequence[PrimExpr], ana: Analyzer | None = None) -> bool:
@@ -265,7 +259,7 @@ def relaxed_guards(guard: PrimExpr, depth: dict[Var, int], ana: Analyzer) -> lis
     """
     if not (isinstance(guard, BinaryOp) and guard.op == "lt"):
         return []
-    terms, c = ana._linear(ana.simplify(guard.a))
+    terms, c = ana.linear(ana.simplify(guard.a))
     levels: list[tuple[int, Any, int]] = []
     for atom, k in terms.values():
         # a loop variable, or the quotient / remainder of one by a positive constant (a split

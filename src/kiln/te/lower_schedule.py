@@ -398,9 +398,6 @@ class _Lowerer:
         def level_of(cond: PrimExpr) -> int:
             return max((depth[v] for v in collect_vars(cond) if v in depth), default=-1)
 
-        # (in a device kernel a guard around attached stages could split a work-group at a barrier)
-        no_threads = not self.device_kernel
-
         def build(levels: list[int], vars_: list[Var], body: Stmt, gl: list[PrimExpr], with_children: bool) -> Stmt:
             by_level: dict[int, list[PrimExpr]] = {}
             dv = {v: i for i, v in enumerate(vars_)}
@@ -418,7 +415,9 @@ class _Lowerer:
                     # a thread-bound loop keeps its constant extent: it is the launch size
                     if bound is not None and kinds[lvl] not in ("unrolled", "thread_binding"):
                         extent = binary("min", extent, bound)
-                    elif with_children and no_threads and collect_vars(c) & dyn_vars:
+                    elif with_children and not self.device_kernel and collect_vars(c) & dyn_vars:
+                        # (in a device kernel, hoisted around attached stages it could split a
+                        # work-group at a barrier)
                         dconds.append(c)  # see below
                     else:
                         conds.append(c)
@@ -665,7 +664,7 @@ def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer, scaled: bool = False
     if not (isinstance(cond, BinaryOp) and cond.op == "lt"):
         return None
     diff = ana.simplify(cond.a - cond.b)  # cond: diff < 0
-    terms, c = ana._linear(diff)
+    terms, c = ana.linear(diff)
     coeff = 0
     rest_terms = {}
     for key, (atom, k) in terms.items():
@@ -687,7 +686,7 @@ def _as_extent_bound(cond: PrimExpr, v: Var, ana: Analyzer, scaled: bool = False
 def _relax(e: PrimExpr, inner: dict[Var, tuple[float, float]], ana: Analyzer) -> tuple[PrimExpr, PrimExpr] | None:
     """Symbolic ``(lo, hi)`` of ``e`` as the ``inner`` variables sweep their ranges."""
     e = ana.simplify(e)
-    terms, c = ana._linear(e)
+    terms, c = ana.linear(e)
     lo: PrimExpr = const(c)
     hi: PrimExpr = const(c)
     for atom, k in terms.values():

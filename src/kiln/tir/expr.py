@@ -41,6 +41,7 @@ __all__ = [
     "select",
     "logical_not",
     "structural_equal",
+    "conjuncts",
     "ARITH_OPS",
     "CMP_OPS",
     "LOGIC_OPS",
@@ -661,3 +662,10 @@ def structural_equal(a: Any, b: Any) -> bool:
     if isinstance(a, ProducerLoad):
         return a.producer is b.producer and all(structural_equal(x, y) for x, y in zip(a.indices, b.indices))
     return False
+
+
+def conjuncts(cond: PrimExpr) -> tuple[PrimExpr, ...]:
+    """The terms of a chain of ``and`` s, left to right (``(cond,)`` for anything else)."""
+    if isinstance(cond, BinaryOp) and cond.op == "and":
+        return conjuncts(cond.a) + conjuncts(cond.b)
+    return (cond,)

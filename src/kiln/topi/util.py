@@ -27,6 +27,18 @@ def is_injective_stage(op: Any) -> bool:
     return op.tag in INJECTIVE_TAGS or op.tag == ""
 
 
+def output_stage(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
+    """``out`` cast to ``dtype`` as a separate elementwise stage.
+
+    Always its own stage, even without a dtype change: the reduction then accumulates into a
+    small local tile attached to this stage's loops (what TVM's cache_write gives), and a fused
+    epilogue simply replaces it.
+    """
+    res = te.compute(out.shape, lambda *i: te.cast(out[i], dtype), name=name, tag=TAG_ELEMWISE)
+    assert isinstance(res, te.Tensor)  # one output
+    return res
+
+
 def acc_dtype(dtype: str) -> str:
     """Accumulation dtype of sums/products: float16/bfloat16 accumulate in float32.
 

@@ -15,7 +15,7 @@ from typing import Any
 from ... import te
 from ..registry import register_compute
 from ..transform import pad_compute
-from ..util import TAG_ELEMWISE, acc_dtype
+from ..util import acc_dtype, output_stage
 
 __all__ = ["conv2d_nchw", "conv2d_transpose_nchw", "spatial_dyn_attrs", "spatial_extents", "TAG_CONV2D",
            "TAG_DEPTHWISE", "TAG_CONV2D_T", "TAG_CONV_PAD"]
@@ -25,13 +25,6 @@ TAG_DEPTHWISE = "depthwise_conv2d_nchw"
 TAG_CONV2D_T = "conv2d_transpose_nchw"
 #: The zero-padded input copy: kept materialised (not inlined) so the inner loops need no bounds checks.
 TAG_CONV_PAD = "conv_pad"
-
-
-def _finish(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
-    # Always a separate (elementwise) output stage, even without a dtype change: the
-    # reduction then accumulates into a small local tile attached to this stage's loops
-    # (what TVM's cache_write gives), and a fused epilogue simply replaces it.
-    return te.compute(out.shape, lambda *i: te.cast(out[i], dtype), name=name, tag=TAG_ELEMWISE)
 
 
 def spatial_dyn_attrs(data: te.Tensor) -> dict:
@@ -125,7 +118,7 @@ def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (
 
         out = te.compute((n, o, oh, ow), dw_body, name="depthwise_conv2d", tag=TAG_DEPTHWISE,
                          attrs={"strides": strides, "dilation": dilation, **extra})
-        return _finish(out, data.dtype, "conv2d_out")
+        return output_stage(out, data.dtype, "conv2d_out")
     rc = te.reduce_axis((0, cg), name="rc")
 
     def body(b: Any, k: Any, y: Any, x: Any) -> Any:
@@ -135,7 +128,7 @@ def conv2d_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int, int] = (
 
     out = te.compute((n, o, oh, ow), body, name="conv2d", tag=TAG_CONV2D,
                      attrs={"strides": strides, "dilation": dilation, "groups": groups, **extra})
-    return _finish(out, data.dtype, "conv2d_out")
+    return output_stage(out, data.dtype, "conv2d_out")
 
 
 @register_compute("conv2d")
@@ -186,7 +179,7 @@ def conv2d_transpose_nchw(data: te.Tensor, weight: te.Tensor, strides: tuple[int
                       axis=[rc, ry, rx], where=te.all(*conds))
 
     out = te.compute((n, og * groups, oh, ow), body, name="conv2d_transpose", tag=TAG_CONV2D_T)
-    return _finish(out, data.dtype, "conv2d_transpose_out")
+    return output_stage(out, data.dtype, "conv2d_transpose_out")
 
 
 @register_compute("conv2d_transpose")

@@ -29,7 +29,7 @@ from ...target import ISA
 from ..knobs import current_config, current_kernel_target, workload_key
 from ..broadcast import broadcast_shape
 from ..registry import register_compute
-from ..util import TAG_ELEMWISE, acc_dtype, prod
+from ..util import acc_dtype, output_stage, prod
 
 __all__ = ["dense", "matmul", "dense_panel_width", "dense_panels", "pack_dense_weight", "gemv_lanes", "TAG_DENSE",
            "TAG_DENSE_PACK", "TAG_DENSE_GEMV", "TAG_MATMUL", "DENSE_PACK_BN", "DENSE_PACK_MIN_M", "DENSE_GEMV_MAX_M"]
@@ -130,13 +130,6 @@ def gemv_lanes(isa: ISA, dtype: str, k: int) -> int:
     return 0
 
 
-def _finish(out: te.Tensor, dtype: str, name: str) -> te.Tensor:
-    # Always a separate (elementwise) output stage, even without a dtype change: the
-    # reduction then accumulates into a small local tile attached to this stage's loops
-    # (what TVM's cache_write gives), and a fused epilogue simply replaces it.
-    return te.compute(out.shape, lambda *i: te.cast(out[i], dtype), name=name, tag=TAG_ELEMWISE)
-
-
 def dense_panels(data_shape: Sequence[int], weight_shape: Sequence[int], dtype: str, target: Any = None) -> int:
     """Width ``bn`` of the panels a dense of these shapes reads its weight ``(N, K)`` through,
     or 0 when it reads the weight as it is (a few-row GEMV, or ``N`` narrower than a panel).
@@ -201,7 +194,7 @@ def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None, target: 
             pack = panels > 0
         lanes = gemv_lanes(isa, acc, int(kk))
         if prod(lead) <= DENSE_GEMV_MAX_M and lanes and kk >= 2 * lanes and not pack:
-            return _finish(_dense_gemv(data, weight, lanes), data.dtype, "dense_out")
+            return output_stage(_dense_gemv(data, weight, lanes), data.dtype, "dense_out")
         wl = workload_key("dense", data.shape, weight.shape, data.dtype)
         default_bn = dense_panel_width(isa, acc, int(nn))
         bn = (panels or int(current_config("dense", wl, {"nt": default_bn})["nt"])) if pack else default_bn
@@ -223,7 +216,7 @@ def dense(data: te.Tensor, weight: te.Tensor, pack: bool | None = None, target: 
 
     out = te.compute(lead + (nn,), body, name="dense", tag=TAG_DENSE,
                      attrs={"packed": bool(pack), "bn": bn, "workload": wl})
-    return _finish(out, data.dtype, "dense_out")
+    return output_stage(out, data.dtype, "dense_out")
 
 
 def _dense_gemv(data: te.Tensor, weight: te.Tensor, lanes: int) -> te.Tensor:
@@ -315,7 +308,7 @@ def matmul(a: te.Tensor, b: te.Tensor, pack: bool | None = None, target: Any = N
 
     out = te.compute(batch + (mm, nn), body, name="matmul", tag=TAG_MATMUL,
                      attrs={"packed": bool(pack), "bn": bn, "workload": wl})
-    return _finish(out, a.dtype, "matmul_out")
+    return output_stage(out, a.dtype, "matmul_out")
 
 
 @register_compute("matmul")

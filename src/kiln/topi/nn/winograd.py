@@ -30,8 +30,8 @@ from ... import te
 from ...ir.ops.winograd import WINOGRAD_AT, WINOGRAD_BT, winograd_tiles
 from ..registry import register_compute
 from ..transform import pad_compute
-from ..util import acc_dtype
-from .dense import TAG_MATMUL, _finish
+from ..util import acc_dtype, output_stage
+from .dense import TAG_MATMUL
 
 __all__ = ["winograd_input_transform", "winograd_output_transform", "winograd_matmul", "TAG_WINOGRAD_IN",
            "TAG_WINOGRAD_OUT", "TAG_WINOGRAD_PAD"]
@@ -214,7 +214,7 @@ def winograd_matmul(v: te.Tensor, panels: te.Tensor, units: int) -> te.Tensor:
                      # extract them as plain matmuls, which it cannot build); default tiles
                      attrs={"packed": True, "bn": bn})
     assert isinstance(out, te.Tensor)
-    return _finish(out, v.dtype, "matmul_out")
+    return output_stage(out, v.dtype, "matmul_out")
 
 
 @register_compute("winograd_matmul")

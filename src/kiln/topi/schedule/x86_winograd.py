@@ -26,12 +26,9 @@ from ..nn.winograd import TAG_WINOGRAD_IN, TAG_WINOGRAD_OUT, TAG_WINOGRAD_PAD
 from ..registry import get_schedule, register_schedule
 from ..util import prod
 from .generic import PARALLEL_MIN, finalize, prepare, vector_elements
+from .x86 import _find
 
 __all__ = ["schedule_winograd_input", "schedule_winograd_output", "schedule_winograd_matmul"]
-
-
-def _stage(s: te.Schedule, tag: str) -> te.Stage | None:
-    return next((st for st in s.stages if isinstance(st.op, te.ComputeOp) and st.op.tag == tag), None)
 
 
 def _lane_split(st: te.Stage, axis: te.IterVar, lanes: int) -> tuple[te.IterVar, te.IterVar]:
@@ -46,7 +43,7 @@ def schedule_winograd_input(outs: Sequence[te.Tensor], target: Any = None) -> te
     """``winograd_input_transform``: tiles in parallel, the channel block vectorised."""
     s = prepare(outs)
     vec = vector_elements(target)
-    st = _stage(s, TAG_WINOGRAD_IN)
+    st = _find(s, (TAG_WINOGRAD_IN,))
     handled: set[int] = set()
     if st is not None and st.is_output:
         p, t, c = st.op.axis
@@ -58,7 +55,7 @@ def schedule_winograd_input(outs: Sequence[te.Tensor], target: Any = None) -> te
         if prod(iv.dom_extent for iv in st.op.axis) >= PARALLEL_MIN and int(t.dom_extent) > 1:
             st.parallel(t)
         handled.add(id(st.op))
-        pad = _stage(s, TAG_WINOGRAD_PAD)
+        pad = _find(s, (TAG_WINOGRAD_PAD,))
         if pad is not None and pad.attach_type == "root" and (pad.op.attrs or {}).get(PADDED_EXTENTS):
             _schedule_dynamic_pad(pad)
             handled.add(id(pad.op))
@@ -87,7 +84,7 @@ def schedule_winograd_output(outs: Sequence[te.Tensor], target: Any = None) -> t
     """``winograd_output_transform`` and its fused elementwise epilogue, one 2x2 tile per step."""
     s = prepare(outs)
     vec = vector_elements(target)
-    anchor = _stage(s, TAG_WINOGRAD_OUT)
+    anchor = _find(s, (TAG_WINOGRAD_OUT,))
     out_st = [st for st in s.stages if st.is_output]
     handled: set[int] = set()
     if anchor is not None and len(out_st) == 1 and tuple(out_st[0].op.output(0).shape) == \
