@@ -246,7 +246,8 @@ class GPUSourceGenerator(CStylePrinter):
         if set_extent_targets(f):
             raise CompileError(f"{name}: a kernel reporting a data-dependent output extent ({SET_EXTENT}: NonZero, "
                                f"Unique, NonMaxSuppression, ...) is not supported by the {self.d.name} code "
-                               "generator; build for a CPU target")
+                               "generator: place that op on the CPU (kiln.build(..., placement={'<op>': 'cpu'}); "
+                               "left unplaced, such ops go to the CPU by themselves)")
         for b in f.params:
             self.d.type_name(b.dtype)
         info = GPUFunctionInfo(name, [{"name": b.name, "dtype": b.dtype, "shape": list(b.shape)} for b in f.params])

@@ -17,6 +17,11 @@ A build has one target per device type::
 * Fusion runs first; a fused group whose ops are placed on different devices is split into
   one group per op (so no kernel spans two devices). A ``__nop`` alias stays on its input's
   device.
+* An op whose kernel reports a data-dependent extent (NonZero, Unique, Compress,
+  NonMaxSuppression, TopK with a runtime ``k``, Range with runtime bounds) runs on the CPU
+  unless ``placement`` names it: device kernels cannot report a size back (the GPU code
+  generators refuse them), and what follows may still run on the device, at the reported
+  size. ONNX Runtime's execution providers fall back to the CPU the same way.
 * The host target (kernels placed on the CPU, and the library that carries device modules)
   is the CPU entry of the dict, else ``Target.host`` of the device target, else
   ``llvm -mcpu=native`` (``c`` without llvmlite).
@@ -32,11 +37,12 @@ from typing import Any, Callable, Mapping
 
 from ..ir import Node, OpPattern, get_op
 from ..runtime.errors import InputError
+from ..runtime.sym import dims_symbols
 from ..transform.fuse import FusedGraph, FusedGroup, is_alias_reshape
 from .lower_graph import LoweredCall, LoweredModel, lower_fused_graph
 
 __all__ = ["DeviceTargets", "resolve_targets", "place_groups", "lower_placed", "build_libraries",
-           "Placement"]
+           "Placement", "reports_extent"]
 
 #: ``placement=``: a mapping node-or-op name -> device, or a callable node -> device or None.
 Placement = Mapping[str, Any] | Callable[[Node], Any] | None
@@ -124,19 +130,32 @@ def resolve_targets(target: Any) -> DeviceTargets:
     return DeviceTargets(targets, default, host)
 
 
-def _node_device(node: Node, placement: Placement, dts: DeviceTargets) -> int:
+def reports_extent(node: Node, data_dims: set[str]) -> bool:
+    """Whether ``node``'s kernel reports a data-dependent extent: an output dim uses a
+    data-dependent symbol (``Graph.data_dims``) that none of its inputs has."""
+    if not data_dims:
+        return False
+    outs = frozenset().union(*(dims_symbols(getattr(v.type, "dims", ())) for v in node.outputs)) & data_dims
+    if not outs:
+        return False
+    ins = frozenset().union(*(dims_symbols(getattr(v.type, "dims", ())) for v in node.inputs))
+    return bool(outs - ins)
+
+
+def _node_device(node: Node, placement: Placement, dts: DeviceTargets, data_dims: set[str]) -> int:
     dev: Any = None
     if placement is None:
-        return dts.default
-    if callable(placement) and not isinstance(placement, Mapping):
+        pass
+    elif callable(placement) and not isinstance(placement, Mapping):
         dev = placement(node)
-    else:
-        if node.name is not None and node.name in placement:
-            dev = placement[node.name]
-        elif node.op in placement:
-            dev = placement[node.op]
+    elif node.name is not None and node.name in placement:
+        dev = placement[node.name]
+    elif node.op in placement:
+        dev = placement[node.op]
     if dev is None:
-        return dts.default
+        if dts.default == _CPU or not reports_extent(node, data_dims):
+            return dts.default
+        dev = _CPU  # see the module docstring: a device kernel cannot report the size
     dt = _device_type(dev, f"placement of {node.op} node {node.name!r}")
     if dt == _CPU and dt not in dts.targets:
         dts.targets[_CPU] = dts.host  # the host target always exists
@@ -172,12 +191,13 @@ def place_groups(fused: FusedGraph, placement: Placement, dts: DeviceTargets
     dict
         ``id(group) -> device type``.
     """
-    if placement is None:
+    data_dims = set(fused.graph.data_dims)
+    if placement is None and (dts.default == _CPU or not data_dims):
         return fused, {id(g): dts.default for g in fused.groups}
     groups: list[FusedGroup] = []
     gdev: dict[int, int] = {}
     for g in fused.groups:
-        devs = [_node_device(n, placement, dts) for n in g.nodes]
+        devs = [_node_device(n, placement, dts, data_dims) for n in g.nodes]
         if len(set(devs)) <= 1:
             groups.append(g)
             gdev[id(g)] = devs[0] if devs else dts.default

@@ -208,7 +208,10 @@ class GraphExecutor:
         for d in self.devices:
             if d.device_type == code:
                 return d
-        from .device import Device
+        from .device import Device, cpu
+
+        if code == cpu().device_type:  # the host always exists: ops a build put there need no naming
+            return cpu()
 
         name = Device(code).name if code > 0 else str(code)
         make = f"kiln.{name}()" if name in ("cuda", "opencl") else f"kiln.device({code})"
@@ -441,10 +444,16 @@ class GraphExecutor:
 
     def _make_py_call(self, op: _Op) -> Callable[[], None]:
         if op.kind == "copy":
+            src_e, dst_e = op.in_eids[0], op.out_eids[0]
+            copy_box = _ndarray_mod().copy_box
 
             def copy() -> None:
+                dyn = self.dyn  # set after the segments are built
                 try:
-                    self.arrays[op.out_eids[0]].copyfrom(self.arrays[op.in_eids[0]])
+                    if dyn is None or not dyn.is_dynamic(dst_e):
+                        self.arrays[dst_e].copyfrom(self.arrays[src_e])
+                    else:  # only the valid box moves; both sides have the upper-bound layout
+                        copy_box(self.arrays[src_e], self.arrays[dst_e], dyn.shape(dst_e))
                 except Exception as err:  # noqa: BLE001 - reported with the node's name
                     self._raise_kernel_error(op, err)
 
@@ -819,13 +828,10 @@ class GraphModule:
         dyn.bind_input(name, eid, value.shape)
         ex.unbind(eid)
         hv = ex.host_view(eid)
-        box = tuple(slice(0, a) for a in value.shape)
-        if hv is None:  # device memory: stage the padded storage on the host, then copy it over
-            staged = np.zeros(ex.graph.shape[eid], want)
-            staged[box] = value
-            ex.arrays[eid].copyfrom(staged)
+        if hv is None:  # device memory: the valid box goes over, run by run
+            _ndarray_mod().copy_box(np.ascontiguousarray(value), ex.arrays[eid], value.shape)
         else:
-            hv[box] = value
+            hv[tuple(slice(0, a) for a in value.shape)] = value
         ex.mark_set(name)
 
     def _dynamic_copy(self, eid: int) -> Any:
@@ -833,9 +839,12 @@ class GraphModule:
         ex = self.module
         assert ex.dyn is not None
         hv = ex.host_view(eid)
-        if hv is None:  # device memory: the padded storage comes over whole
-            hv = ex.arrays[eid].numpy()
-        return _ndarray_mod().array(np.ascontiguousarray(hv[tuple(slice(0, a) for a in ex.dyn.shape(eid))]))
+        box = ex.dyn.shape(eid)
+        if hv is None:  # device memory: only the valid box comes over
+            out = np.empty(box, _dtype.np_dtype(ex.graph.dltype[eid]))
+            _ndarray_mod().copy_box(ex.arrays[eid], out, box)
+            return _ndarray_mod().array(out)
+        return _ndarray_mod().array(np.ascontiguousarray(hv[tuple(slice(0, a) for a in box)]))
 
     def get_input_dims(self) -> dict[str, tuple[int | str, ...]]:
         """Dims of every real input: ints, and symbolic dims as expressions (``"seq"``).

@@ -381,6 +381,83 @@ def _copy_between(src: NDArray, dst: NDArray) -> None:
         api.stream_sync(sdev, None)  # host code may read dst right away
 
 
+#: Above this many contiguous runs a valid box is copied with its whole padded storage: one
+#: transfer of the upper bound costs less than thousands of small driver calls.
+MAX_BOX_RUNS = 64
+
+
+def box_runs(shape: tuple[int, ...], box: tuple[int, ...]) -> tuple[list[int], int] | None:
+    """The contiguous runs of the sub-box ``box`` (``[0, box[i])`` per dim) of a C-contiguous
+    array of ``shape``: the start of every run (in elements of the padded array) and the
+    length of each (the compact copy is the runs back to back). ``None`` when there are more
+    than :data:`MAX_BOX_RUNS` runs.
+
+    The dims after the last one the box cuts are whole, so a run is that dim's valid prefix
+    times their size; the dims before it are iterated.
+    """
+    cut = max((i for i, (b, n) in enumerate(zip(box, shape)) if b != n), default=0)
+    inner = math.prod(shape[cut + 1:])
+    count = math.prod(box[:cut])
+    if count > MAX_BOX_RUNS:
+        return None
+    run = box[cut] * inner if shape else 1
+    if not run:
+        return [], 0
+    starts = [0]
+    for k in range(cut - 1, -1, -1):  # outer dims wrap the inner ones: starts stay ascending
+        stride = math.prod(shape[k + 1:])
+        starts = [s + i * stride for i in range(box[k]) for s in starts]
+    return starts, run
+
+
+def copy_box(src: "NDArray | np.ndarray", dst: "NDArray | np.ndarray", box: tuple[int, ...]) -> None:
+    """Copy the valid sub-box ``box`` of a padded array between a device and the host.
+
+    Each side is either the padded storage (an :class:`NDArray` of the upper-bound shape) or a
+    compact C-contiguous NumPy array of shape ``box``; at least one side is padded. Only the
+    valid data moves (one driver call per contiguous run, see :func:`box_runs`); the padding of
+    a padded destination is left as it was, which every kernel reading it allows (reads stop at
+    the runtime extents). With too many runs the whole storage goes over once.
+    """
+    padded = src if isinstance(src, NDArray) else dst
+    assert isinstance(padded, NDArray)
+    shape, box = padded.shape, tuple(box)
+    runs = box_runs(shape, box)
+    if runs is None or shape == box:
+        _copy_box_whole(src, dst, box)
+        return
+    starts, run = runs
+    size = itemsize(padded.dtype)
+
+    def where(a: "NDArray | np.ndarray") -> tuple[int, int, Device, bool]:
+        if isinstance(a, np.ndarray):
+            return a.ctypes.data, 0, _CPU, False
+        h = a.handle
+        return (h.data or 0), h.byte_offset, a.device, True
+
+    sp, so, sdev, s_padded = where(src)
+    dp, do, ddev, d_padded = where(dst)
+    api = get_device_api((sdev if not sdev.host_visible else ddev).device_type)
+    for k, start in enumerate(starts):
+        s_at = (start if s_padded else k * run) * size
+        d_at = (start if d_padded else k * run) * size
+        api.copy_data_from_to(sp, so + s_at, dp, do + d_at, run * size, sdev, ddev)
+    api.stream_sync(sdev if not sdev.host_visible else ddev, None)  # a host side may be read or freed next
+
+
+def _copy_box_whole(src: "NDArray | np.ndarray", dst: "NDArray | np.ndarray", box: tuple[int, ...]) -> None:
+    cut = tuple(slice(0, b) for b in box)
+    if isinstance(src, NDArray) and isinstance(dst, NDArray):
+        dst.copyfrom(src)
+    elif isinstance(dst, NDArray):  # compact host data into padded storage: stage the upper bound
+        staged = np.zeros(dst.shape, np_dtype(dst.dtype))
+        staged[cut] = src
+        dst.copyfrom(staged)
+    else:
+        assert isinstance(src, NDArray)
+        dst[...] = src.numpy()[cut]
+
+
 def _resolve_device(dev: Any) -> Device:
     if dev is None:
         return _CPU
