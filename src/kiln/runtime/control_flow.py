@@ -15,9 +15,11 @@ segments of the sub-executor.
 * **Symbolic dims.** A nested graph with dynamic dims declares the parent's symbols with the
   same ranges (checked by the reader), so a dynamic argument or head has the same upper-bound
   storage and padded layout (the data in the sub-box ``[0:a0, 0:a1, ...]``) as the parent entry
-  it pairs with: binding zero copy and copying a whole padded buffer both keep every element in
-  its place. Before a run the node hands the parent's current symbol values to the
-  sub-executor, which re-shapes its entries only when one changed (:mod:`.dynamic_shapes`).
+  it pairs with: binding zero copy keeps every element in its place, and a copy (a result, a
+  carried value, a snapshot) moves the valid sub-box only, so a small shape under large
+  bounds does not pay for the whole buffer on every branch or iteration. Before a run the
+  node hands the parent's current symbol values to the sub-executor, which re-shapes its
+  entries only when one changed (:mod:`.dynamic_shapes`).
 * A loop keeps its carried values in the parent's output entries: they are initialised from
   the node's initial inputs, the body reads them zero copy, and its results are copied back
   after every iteration (a result that is itself a body argument is snapshotted first, so a
@@ -48,6 +50,17 @@ if TYPE_CHECKING:
     from .graph_json import GraphNode
 
 __all__ = ["make_control_runner"]
+
+
+def _copy_valid(ex: "GraphExecutor", eid: int, dst: Any, src: Any) -> None:
+    """Copy ``src`` into ``dst``, host arrays with entry ``eid``'s layout in ``ex``: the
+    valid sub-box of a dynamic entry (at the symbols' current values), all of a static one."""
+    dyn = ex.dyn
+    if dyn is None or not dyn.is_dynamic(eid):
+        dst.copyfrom(src)
+        return
+    box = tuple(slice(0, a) for a in dyn.shape(eid))
+    dst.numpy(copy=False)[box] = src.numpy(copy=False)[box]
 
 
 class _Nested:
@@ -88,8 +101,21 @@ class _Nested:
 
     def results(self) -> list[Any]:
         """The nested heads, snapshotted where a head is an argument's memory."""
-        arrs = [self.ex.arrays[h] for h in self.head_eids]
-        return [a.copyto(a.device) if snap else a for a, snap in zip(arrs, self.head_is_arg)]
+        out = []
+        for h, snap in zip(self.head_eids, self.head_is_arg):
+            a = self.ex.arrays[h]
+            if snap:
+                copy = _empty_like(a)
+                _copy_valid(self.ex, h, copy, a)
+                a = copy
+            out.append(a)
+        return out
+
+
+def _empty_like(a: Any) -> Any:
+    from .ndarray import empty
+
+    return empty(a.shape, a.dtype, a.device)
 
 
 def _scalar(arr: Any) -> Any:
@@ -129,7 +155,7 @@ class _IfRunner(_ControlNode):
         sub.bind(p, [(sub.arg_eids[k], self.in_eids[1 + k]) for k in range(sub.n_decl)] + sub.param_pairs)
         self._run(sub)
         for o, r in zip(self.out_eids, sub.results()):
-            p.arrays[o].copyfrom(r)
+            _copy_valid(p, o, p.arrays[o], r)
 
 
 class _LoopRunner(_ControlNode):
@@ -164,8 +190,14 @@ class _LoopRunner(_ControlNode):
         cond = bool(_scalar(p.arrays[self.in_eids[1]]))
         n = self.n_carried
         for k, o in enumerate(self.carried_eids):
-            p.arrays[o].copyfrom(p.arrays[self.in_eids[2 + k]])
+            _copy_valid(p, o, p.arrays[o], p.arrays[self.in_eids[2 + k]])
         b.bind(p, self.pairs)
+        # the shapes hold for the whole loop (the body's symbols are the parent's), so the
+        # valid boxes are NumPy views taken once: an iteration is one native run plus copies
+        heads = [_valid_view(b.ex, h) for h in b.head_eids]
+        cond_out = heads[0].reshape(-1)
+        carried = [(_valid_view(p, o), heads[1 + k], b.head_is_arg[1 + k]) for k, o in enumerate(self.carried_eids)]
+        scans = [(view, tuple(slice(0, a) for a in r.shape), r) for view, r in zip(self.scan_views, heads[1 + n:])]
         it = 0
         while cond and it < trip:
             if self.max_iterations is not None and it >= self.max_iterations:
@@ -176,16 +208,27 @@ class _LoopRunner(_ControlNode):
             self.it_view[...] = it
             self.cond_view[...] = cond
             self._run(b)
-            res = b.results()
-            cond = bool(_scalar(res[0]))
-            for o, r in zip(self.carried_eids, res[1: 1 + n]):
-                p.arrays[o].copyfrom(r)
-            for view, r in zip(self.scan_views, res[1 + n:]):
-                view[it] = r.numpy(copy=False)  # a head is one row (checked when the graph is read)
+            cond = bool(cond_out[0])
+            # a result that is an argument's memory is read whole before any carried value is written
+            new = [r.copy() if snap else r for _, r, snap in carried]
+            for (dst, _, _), r in zip(carried, new):
+                dst[...] = r
+            for view, box, r in scans:
+                row: tuple[int | slice, ...] = (it, *box)  # view[it][box] would write a copy of a 0-d row
+                view[row] = r  # a head is one row (checked when the graph is read)
             it += 1
         # the actual count, read by the parent like a kernel-reported extent (GraphExecutor.segments)
         for e in self.scan_eids:
             p.tensors[e].shape[0] = it
+
+
+def _valid_view(ex: "GraphExecutor", eid: int) -> np.ndarray:
+    """A NumPy view of entry ``eid``'s valid data in executor ``ex`` (host memory): the sub-box
+    at the symbols' current values of a dynamic entry, all of a static one."""
+    view = ex.arrays[eid].numpy(copy=False)
+    if ex.dyn is None or not ex.dyn.is_dynamic(eid):
+        return view
+    return view[tuple(slice(0, a) for a in ex.dyn.shape(eid))]
 
 
 _RUNNERS = {"__if": _IfRunner, "__loop": _LoopRunner}
