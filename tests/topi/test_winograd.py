@@ -1,6 +1,7 @@
 """Winograd F(2x2, 3x3): the transform ops' NumPy references against a direct convolution, the
 compiled path (``c`` and ``llvm``) against ``kiln.ir.evaluate`` of the original conv at odd and
-even sizes with fused epilogues, and where :mod:`kiln.transform.alter_layout` picks it."""
+even sizes with fused epilogues, the planes spaced where they would alias in L1, and where
+:mod:`kiln.transform.alter_layout` picks it.  (Per-layer timings: ``bench/bench_winograd_layers.py``.)"""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import kiln
 from kiln.driver.build import optimize
 from kiln.ir import Graph, evaluate, get_op
 from kiln.ir.ops.layout import layout_to_primal, primal_to_layout
-from kiln.ir.ops.winograd import winograd_panels, winograd_weight
+from kiln.ir.ops.winograd import _lines_per_set, winograd_panels, winograd_plane_rows, winograd_weight
 from kiln.runtime.errors import InputError
-from kiln.transform.alter_layout import WINOGRAD_BY_DEFAULT, WINOGRAD_ENV, _winograd_default
+from kiln.transform.alter_layout import WINOGRAD_ENV, _winograd_default
 from kiln.target import isa_of
 from tests.topi.harness import Case, case_params, module_builder, run_and_check
 
@@ -27,7 +28,11 @@ F32 = "float32"
 CASES: list[Case] = [
     Case("winograd_input_transform", [((1, 2, 7, 9, 8), F32)], {"padding": (1, 1, 1, 1)}),
     Case("winograd_input_transform", [((2, 1, 6, 5, 4), F32)], {"padding": (0, 1, 2, 0)}),
+    # planes spaced by 3 rows past the 20 tiles (copies of the last tile), and the GEMMs of
+    # the first 20 rows of such planes
+    Case("winograd_input_transform", [((1, 2, 7, 9, 8), F32)], {"padding": (1, 1, 1, 1), "plane_rows": 23}),
     Case("winograd_matmul", [((16, 20, 16), F32), ((16, 2, 16, 16), F32)], {"units": 24}),
+    Case("winograd_matmul", [((16, 23, 16), F32), ((16, 2, 16, 16), F32)], {"units": 24, "tiles": 20}),
     Case("winograd_output_transform", [((16, 20, 16), F32)], {"out_height": 7, "out_width": 9, "block": 8}),
     # the form for symbolic H / W (the data's shape gives the size), here at static shapes
     Case("winograd_output_transform", [((16, 9, 16), F32), ((1, 2, 6, 5, 8), F32)],
@@ -55,28 +60,72 @@ def _direct(x: np.ndarray, w: np.ndarray, pad: tuple[int, int, int, int]) -> np.
     return out
 
 
-@pytest.mark.parametrize("n,c,k,h,w,ib,ob,pad", [
-    (1, 16, 16, 7, 7, 8, 8, (1, 1, 1, 1)),     # odd: the last tile row / column is cut
-    (2, 8, 24, 14, 14, 8, 8, (1, 1, 1, 1)),    # even, batch 2
-    (1, 12, 20, 9, 13, 4, 4, (1, 1, 1, 1)),    # odd and even sides, small blocks
-    (1, 4, 8, 3, 3, 4, 8, (0, 0, 0, 0)),       # one 1x1 output: one tile, three quarters dropped
-    (1, 8, 8, 6, 5, 8, 8, (0, 1, 2, 0)),       # asymmetric padding
+@pytest.mark.parametrize("n,c,k,h,w,ib,ob,pad,spacing", [
+    (1, 16, 16, 7, 7, 8, 8, (1, 1, 1, 1), 0),     # odd: the last tile row / column is cut
+    (2, 8, 24, 14, 14, 8, 8, (1, 1, 1, 1), 0),    # even, batch 2
+    (2, 8, 24, 14, 14, 8, 8, (1, 1, 1, 1), 3),    # the same with planes of 3 more rows
+    (1, 12, 20, 9, 13, 4, 4, (1, 1, 1, 1), 0),    # odd and even sides, small blocks
+    (1, 4, 8, 3, 3, 4, 8, (0, 0, 0, 0), 0),       # one 1x1 output: one tile, three quarters dropped
+    (1, 8, 8, 6, 5, 8, 8, (0, 1, 2, 0), 0),       # asymmetric padding
 ])
 def test_references_match_direct_conv(n: int, c: int, k: int, h: int, w: int, ib: int, ob: int,
-                                      pad: tuple[int, int, int, int]) -> None:
+                                      pad: tuple[int, int, int, int], spacing: int) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, c, h, w)).astype(F32)
     wt = rng.standard_normal((k, c, 3, 3)).astype(F32)
     want = _direct(x, wt, pad)
     oh, ow = want.shape[2:]
-    v = get_op("winograd_input_transform").ref([primal_to_layout(x, "NCHW", f"NCHW{ib}c")], {"padding": pad})[0]
+    tiles = n * ((oh + 1) // 2) * ((ow + 1) // 2)
+    attrs = {"padding": pad, "plane_rows": tiles + spacing if spacing else 0}
+    vp = get_op("winograd_input_transform").ref([primal_to_layout(x, "NCHW", f"NCHW{ib}c")], attrs)[0]
+    assert vp.shape == (16, tiles + spacing, c)
+    v = vp[:, :tiles]
     u = winograd_weight(wt)
     m = np.matmul(v.astype(np.float64), u.astype(np.float64)).astype(F32)
-    # the GEMM op on build-time panels (8 wide: K = 20 and 24 leave a partial last panel)
-    mp = get_op("winograd_matmul").ref([v, winograd_panels(u, 8)], {"units": k})[0]
+    # the GEMM op on build-time panels (8 wide: K = 20 and 24 leave a partial last panel), of
+    # the first `tiles` rows of spaced planes
+    mp = get_op("winograd_matmul").ref([vp, winograd_panels(u, 8)], {"units": k, "tiles": tiles if spacing else 0})[0]
     np.testing.assert_allclose(mp, m, rtol=1e-5, atol=1e-5)
     y = get_op("winograd_output_transform").ref([m], {"out_height": oh, "out_width": ow, "block": ob})[0]
     np.testing.assert_allclose(layout_to_primal(y, f"NCHW{ob}c"), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tiles,channels,want", [
+    (784, 64, 785),    # ResNet's 64 channels at 56x56: 196 KiB planes, all 16 stores in 4 sets
+    (16, 512, 17),     # 512 channels at 7x7: 32 KiB planes
+    (256, 128, 257),
+    (729, 64, 729),    # 54x54: the stores spread already
+    (196, 128, 196),   # 2 KiB apart: 8 lines per set, left as it is
+    (49, 256, 49),
+    (16, 1024, 16),    # a 4 KiB row fills every set whatever the spacing
+])
+def test_plane_rows(tiles: int, channels: int, want: int) -> None:
+    """Planes are spaced exactly where one tile's 16 stores would crowd an L1 set."""
+    rows = winograd_plane_rows(tiles, channels)
+    assert rows == want
+    if rows > tiles:
+        assert _lines_per_set(tiles, channels, 4) == 16 and _lines_per_set(rows, channels, 4) < 16
+
+
+def test_alter_layout_spaces_aliasing_planes(monkeypatch: Any) -> None:
+    """The pass spaces the planes of a 64-channel 56x56 conv (and its GEMMs read the tiles),
+    not at 54x54, and not with a symbolic batch (the tile count is a runtime value)."""
+    monkeypatch.setenv(WINOGRAD_ENV, "1")
+
+    def attrs(g: Graph) -> list[tuple[int, int]]:
+        opt = optimize(g, {}, target=_SKX)
+        rows = [n.attrs["plane_rows"] for n in opt.nodes if n.op == "winograd_input_transform"]
+        tiles = [n.attrs["tiles"] for n in opt.nodes if n.op == "winograd_matmul"]
+        return list(zip(rows, tiles))
+
+    assert attrs(_conv_graph(64, 64, 56, padding=(1, 1, 1, 1))) == [(785, 784)]
+    assert attrs(_conv_graph(64, 64, 54, padding=(1, 1, 1, 1))) == [(0, 0)]
+    g = Graph()
+    g.declare_dim("n", 1, 4)
+    x = g.add_input("x", ("n", 64, 56, 56))
+    w = g.add_constant(np.zeros((64, 64, 3, 3), F32))
+    g.outputs = [g.add("conv2d", x, w, padding=(1, 1, 1, 1))]
+    assert attrs(g) == [(0, 0)]
 
 
 def test_type_errors() -> None:
@@ -92,6 +141,10 @@ def test_type_errors() -> None:
         g.add("winograd_output_transform", m2, x, out_height=5, out_width=6, block=8)
     with pytest.raises(InputError):  # a 6x5 window with this padding is 5x6, not 6x6
         g.add("winograd_output_transform", m2, x, out_height=6, out_width=6, block=8, padding=(0, 1, 1, 2))
+    with pytest.raises(InputError):  # planes of fewer rows than the 9 tiles
+        g.add("winograd_input_transform", x, padding=(0, 1, 1, 2), plane_rows=8)
+    with pytest.raises(InputError):  # more tiles than V has rows
+        g.add("winograd_matmul", m2, g.add_input("u", (16, 1, 16, 16)), units=16, tiles=10)
     g.declare_dim("h", 4, 9)
     xs = g.add_input("xs", (1, 2, "h", 5, 8))
     ms = g.add_input("ms", (16, 15, 16))  # static tiles against a symbolic height
@@ -99,6 +152,8 @@ def test_type_errors() -> None:
         g.add("winograd_output_transform", ms, xs, out_height=9, out_width=5, block=8, padding=(1, 1, 1, 1))
     v = g.add("winograd_input_transform", xs, padding=(1, 1, 1, 1))
     assert v.type.dims == (16, "3*((h+1)//2)", 16)
+    with pytest.raises(InputError):  # spacing rows after a runtime tile count
+        g.add("winograd_input_transform", xs, padding=(1, 1, 1, 1), plane_rows=30)
 
 
 #: (C, K, H, W, padding, epilogue): the compiled cases, all in one graph per target (compiling
@@ -109,6 +164,7 @@ _CASES: list[tuple[int, int, int, int, tuple[int, int, int, int], str]] = [
     (12, 20, 9, 13, (1, 1, 1, 1), "bias_relu"),
     (16, 40, 2, 2, (1, 1, 1, 1), "residual"),    # one tile
     (24, 16, 3, 3, (0, 0, 0, 0), "none"),        # one tile of which one pixel is kept
+    (64, 16, 8, 8, (1, 1, 1, 1), "bias_relu"),   # 16 tiles of 64 channels: 4 KiB planes, spaced
 ]
 
 
@@ -142,6 +198,10 @@ def test_compiled_against_evaluate(target: str, monkeypatch: Any) -> None:
     n_convs = len(_CASES) + sum(1 for case in _CASES if case[5] == "residual")
     assert ops.get("winograd_input_transform") == n_convs and ops.get("winograd_output_transform") == n_convs
     assert "conv2d_nchwc" not in ops and "conv2d" not in ops
+    # the 8x8 case's planes alias (16 tiles x 64 channels x 4 bytes = 4 KiB) and are spaced
+    spaced = [n.attrs["plane_rows"] for n in optimize(g, {}).nodes if n.op == "winograd_input_transform"
+              and n.attrs["plane_rows"]]
+    assert spaced == [17], spaced
     want = evaluate(g, feeds)
     lib = kiln.build(g, target=target)
     gm = kiln.GraphModule(lib["default"](kiln.cpu()))
@@ -168,9 +228,9 @@ _SKX = "llvm -mcpu=skylake-avx512"
 def test_pass_picks_winograd_where_enabled(monkeypatch: Any) -> None:
     monkeypatch.delenv(WINOGRAD_ENV, raising=False)
     wino = "winograd_input_transform"
-    # unset: the measured rule only when it is the default
+    # unset: the measured rule
     ops = optimize(_conv_graph(64, 64, 56, padding=(1, 1, 1, 1)), {}, target=_SKX).op_counts()
-    assert (wino in ops) == WINOGRAD_BY_DEFAULT
+    assert wino in ops
     # the measured rule: ResNet's 3x3 layers on AVX-512, AVX2 and SSE2
     monkeypatch.setenv(WINOGRAD_ENV, "auto")
     for target in (_SKX, "llvm -mcpu=haswell", "llvm"):
@@ -190,58 +250,6 @@ def test_pass_picks_winograd_where_enabled(monkeypatch: Any) -> None:
     # forced off
     monkeypatch.setenv(WINOGRAD_ENV, "0")
     assert wino not in optimize(_conv_graph(64, 64, 56, padding=(1, 1, 1, 1)), {}, target=_SKX).op_counts()
-
-
-def _bench_layers(shapes: list[tuple[int, int, int]], target: str) -> None:
-    """Per-layer A/B, ``conv2d_nchwc`` (A) against Winograd (B): a 3x3 pad-1 ``conv2d`` + bias +
-    ReLU on ``(1, C, HW, HW)``, its kernels' times summed (the debug executor's per-node
-    profile, the edge ``layout_transform`` s left out), medians of 7 interleaved rounds."""
-    import os
-    import statistics
-
-    from kiln.runtime.debug_executor import GraphModuleDebug
-
-    def build(c: int, k: int, hw: int, wino: str) -> tuple[Any, np.ndarray, np.ndarray]:
-        rng = np.random.default_rng(0)
-        g = Graph()
-        x = g.add_input("x", (1, c, hw, hw))
-        y = g.add("conv2d", x, g.add_constant((rng.standard_normal((k, c, 3, 3)) * 0.05).astype(F32)),
-                  padding=(1, 1, 1, 1))
-        g.outputs = [g.add("relu", g.add("bias_add", y, g.add_constant(rng.standard_normal(k).astype(F32))))]
-        os.environ[WINOGRAD_ENV] = wino
-        mod = GraphModuleDebug(kiln.build(g, target=target)["default"](kiln.cpu()))
-        xv = rng.standard_normal((1, c, hw, hw)).astype(F32)
-        mod.set_input(x=xv)
-        mod.run()
-        return mod, mod.get_output(0).numpy(), evaluate(g, {"x": xv})[0]
-
-    def kernels_us(mod: Any) -> float:
-        return sum(r.time_us for r in mod.profile(number=20, repeat=1) if "layout_transform" not in r.func_name)
-
-    for c, k, hw in shapes:
-        ma, _, _ = build(c, k, hw, "0")
-        mb, got, want = build(c, k, hw, "1")
-        times: tuple[list[float], list[float]] = ([], [])
-        for r in range(7):
-            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
-                times[which].append(kernels_us((ma, mb)[which]))
-        a, b = statistics.median(times[0]), statistics.median(times[1])
-        gflops = 2 * 9 * c * k * hw * hw / a / 1e3
-        err = np.abs(got - want).max() / np.abs(want).max()
-        print(f"C={c:4d} K={k:4d} {hw:3d}x{hw:<3d} direct {a:8.1f} us ({gflops:4.0f} GFLOP/s)  winograd {b:8.1f} us  "
-              f"B/A {b / a:5.2f}  max rel. error {err:.1e}", flush=True)
-
-
-if __name__ == "__main__":
-    # KILN_NUM_THREADS=1 python -m tests.topi.test_winograd ["llvm -mcpu=native"] [C,K,HW ...]
-    import sys
-
-    _args = sys.argv[1:]
-    _target = _args.pop(0) if _args and not _args[0][0].isdigit() else "llvm -mcpu=native"
-    _shapes = [tuple(int(v) for v in a.split(",")) for a in _args] or [
-        (64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7), (64, 128, 56), (128, 64, 28),
-        (128, 256, 28), (256, 128, 14), (256, 512, 14), (512, 256, 7), (256, 256, 12), (256, 256, 10), (128, 128, 8)]
-    _bench_layers([(s[0], s[1], s[2]) for s in _shapes], _target)
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])

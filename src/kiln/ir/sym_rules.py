@@ -584,7 +584,13 @@ def _winograd_grid(x: TensorType, pad: Sequence[int]) -> tuple[Dim, Dim, Dim]:
 def _winograd_in(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[SymOut]:
     # the tiles are row-major over (n, ty, tx) at the runtime TH, TW: the valid rows are a
     # prefix whatever is symbolic
-    return [_sym((16, _winograd_grid(ts[0], attrs["padding"])[2], outs[0].shape[2]), outs[0])]
+    tiles = _winograd_grid(ts[0], attrs["padding"])[2]
+    if not isinstance(tiles, str):
+        return [_sym(outs[0].shape, outs[0])]  # static, planes padded to plane_rows or not
+    if attrs["plane_rows"]:
+        # spacing rows after a runtime row count would move with it: planes stay compact
+        raise InputError(f"winograd_input_transform: plane_rows needs a static tile count, got {tiles!r}")
+    return [_sym((16, tiles, outs[0].shape[2]), outs[0])]
 
 
 @sym_rule("winograd_matmul")
@@ -592,6 +598,10 @@ def _winograd_mm(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> 
     v, u = ts
     _static_only(v, (0, 2), "winograd_matmul's V", "only a symbolic tile count")
     _all_static(u, "winograd_matmul's weight panels")
+    if attrs["tiles"]:
+        # the first rows of padded planes: only of a static tile count (winograd_input_transform)
+        _static_only(v, (1,), "winograd_matmul's V with tiles set", "no symbolic tile count")
+        return [_sym(outs[0].shape, outs[0])]
     return [_sym((16, v.dims[1], outs[0].shape[2]), outs[0])]
 
 

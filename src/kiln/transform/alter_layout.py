@@ -55,12 +55,12 @@ import numpy as np
 
 from ..ir import Graph, OpPattern, Value, get_op
 from ..target import ISA
-from ..topi.knobs import current_config, workload_key
+from ..topi.knobs import Workload, current_config, workload_key
 from ..topi.nn.dense import dense_panel_width
 from ..topi.schedule.x86 import schedule_isa
 from ..topi.schedule.x86_conv import MIN_ACCUMULATORS, max_x_tile, row_x_tile, tile_vectors
 from ..ir.ops.layout import convert_layout
-from ..ir.ops.winograd import winograd_panels, winograd_weight
+from ..ir.ops.winograd import winograd_grid, winograd_panels, winograd_plane_rows, winograd_weight
 from .pipeline import Pass
 from .simplify import dead_code_elimination
 
@@ -185,11 +185,22 @@ def _padded_block(channels: int, isa: ISA, out_width: int = 0, out_height: int =
     return choose_out_block(channels + pad, out_width, isa, depthwise, out_height)
 
 
-def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = False) -> tuple[int, int] | None:
+def _conv_workload(node: Any) -> Workload:
+    """The ``conv2d_layout`` workload of a conv2d node: a tuning log's key for its ``ob`` and
+    ``winograd`` knobs."""
+    data, weight = node.inputs
+    a = node.attrs
+    return workload_key("conv2d_layout", data.shape, weight.shape, a.get("strides", ()), a.get("padding", ()),
+                        a.get("dilation", ()), a["groups"], data.dtype)
+
+
+def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = False,
+               workload: Workload | None = None) -> tuple[int, int] | None:
     """``(ib, ob)`` for an eligible conv2d node, else None.
 
     A block may pad its channels (:func:`_padded_block`); ``data_padded``: the data is
     already blocked by ``data_block`` with padding lanes, so that block is the input block.
+    ``workload``: the node's :func:`_conv_workload`, where the caller has it already.
     """
     data, weight = node.inputs
     if data.dtype != "float32" or weight.dtype != "float32" or len(data.shape) != 4:
@@ -199,8 +210,7 @@ def _conv_plan(node: Any, data_block: int | None, isa: ISA, data_padded: bool = 
     ow = node.outputs[0].shape[3]
     g = node.attrs["groups"]
     # knob: a tuning log may set the block per workload (0 = the rule of choose_out_block)
-    wl = workload_key("conv2d_layout", data.shape, weight.shape, node.attrs.get("strides", ()),
-                      node.attrs.get("padding", ()), node.attrs.get("dilation", ()), g, data.dtype)
+    wl = workload if workload is not None else _conv_workload(node)
     tuned_ob = int(current_config("conv2d_layout", wl, {"ob": 0})["ob"])
     if tuned_ob < 4 or o % tuned_ob:
         tuned_ob = 0
@@ -334,13 +344,10 @@ def _concat_block(node: Any, bld: _Builder) -> int | None:
 
 
 #: Environment switch of the Winograd path (:func:`_winograd_conv`): ``1`` every eligible
-#: conv, ``0`` none, ``auto`` the measured rule (:func:`_winograd_default`); unset: the rule
-#: when :data:`WINOGRAD_BY_DEFAULT`, else none.  A tuning log's ``winograd`` knob of the
-#: ``conv2d_layout`` workload overrides the rule (not ``0`` / ``1``).
+#: conv, ``0`` none (tests of the direct kernel's blocking set it), unset or ``auto`` the
+#: measured rule (:func:`_winograd_default`), which a tuning log's ``winograd`` knob of the
+#: ``conv2d_layout`` workload overrides per conv (not ``0`` / ``1``).
 WINOGRAD_ENV = "KILN_WINOGRAD"
-#: Whether an unset :data:`WINOGRAD_ENV` means the measured rule (tests of the direct
-#: kernel's blocking set :data:`WINOGRAD_ENV` to ``0``).
-WINOGRAD_BY_DEFAULT = True
 
 
 def _winograd_default(isa: ISA) -> bool:
@@ -350,9 +357,10 @@ def _winograd_default(isa: ISA) -> bool:
     the direct conv's weight.  Measured (``conv2d`` + bias + ReLU, the kernels between the
     edge layout transforms, Zen 5, ``KILN_NUM_THREADS=1``, debug-executor profile, median of
     7 interleaved rounds; Winograd / ``conv2d_nchwc`` time;
-    ``KILN_NUM_THREADS=1 python -m tests.topi.test_winograd [target] [C,K,HW ...]``):
+    ``KILN_NUM_THREADS=1 python bench/bench_winograd_layers.py [--target T] [C,K,HW ...]``):
 
-    * AVX-512 (``llvm -mcpu=native``), ``C -> K at HxW``: 64->64 56x56 0.61 (886 -> 543 us),
+    * AVX-512 (``llvm -mcpu=native``), ``C -> K at HxW``: 64->64 56x56 0.61 (886 -> 543 us;
+      0.56, 510 us, since its transformed planes are spaced: ``winograd_plane_rows``),
       128->128 28x28 0.50, 256->256 14x14 0.49, 512->512 7x7 0.67 (888 -> 598 us), 64->128
       56x56 0.55, 128->64 28x28 0.53, 128->256 28x28 0.49, 256->128 14x14 0.50, 256->512 14x14
       0.49, 512->256 7x7 0.63, 256->256 12x12 0.50, 10x10 0.50, 5x5 0.68, 512->512 4x4 0.53,
@@ -368,7 +376,7 @@ def _winograd_default(isa: ISA) -> bool:
     return isa.arch == "x86" and isa.vector_bytes in (16, 32, 64)
 
 
-def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Value | None:
+def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA, workload: Workload) -> Value | None:
     """Emit an eligible conv2d as Winograd F(2x2, 3x3) when enabled for it; None otherwise.
 
     Eligible: 3x3 taps, stride 1, dilation 1, ``groups`` 1, float32, a constant weight, static
@@ -377,10 +385,10 @@ def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Valu
     graph is ``winograd_input_transform`` (of the data blocked by ``ib``) -> ``winograd_matmul``
     with the weight transformed now (``(16, C, K)``, zero rows / columns for padding lanes of
     ``ib`` / ``ob``, stored as the target's GEMM panels) -> ``winograd_output_transform`` into
-    blocks of ``ob`` (:mod:`kiln.ir.ops.winograd`).
-    Enabled by :data:`WINOGRAD_ENV` ``1`` / ``0``, else a tuning log's ``winograd`` knob of the
-    ``conv2d_layout`` workload, else :func:`_winograd_default` when :data:`WINOGRAD_ENV` is
-    ``auto`` or :data:`WINOGRAD_BY_DEFAULT` is set.
+    blocks of ``ob`` (:mod:`kiln.ir.ops.winograd`).  With a static tile count the transformed
+    data's planes get the rows :func:`~kiln.ir.ops.winograd.winograd_plane_rows` picks.
+    Enabled by :data:`WINOGRAD_ENV` ``1`` / ``0``, else a tuning log's ``winograd`` knob of
+    ``workload`` (the node's ``conv2d_layout`` workload), else :func:`_winograd_default`.
     """
     data, weight = node.inputs
     a = node.attrs
@@ -397,10 +405,7 @@ def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Valu
     if env in ("0", "1"):
         on = env == "1"
     else:
-        wl = workload_key("conv2d_layout", data.shape, weight.shape, a.get("strides", ()), a.get("padding", ()),
-                          a.get("dilation", ()), a["groups"], data.dtype)
-        rule = (env == "auto" or WINOGRAD_BY_DEFAULT) and _winograd_default(isa)
-        on = bool(current_config("conv2d_layout", wl, {"winograd": rule})["winograd"])
+        on = bool(current_config("conv2d_layout", workload, {"winograd": _winograd_default(isa)})["winograd"])
     if not on:
         return None
     w = np.asarray(warr)
@@ -408,10 +413,19 @@ def _winograd_conv(node: Any, bld: _Builder, ib: int, ob: int, isa: ISA) -> Valu
     w = np.pad(w, [(0, -k % ob), (0, -c % ib), (0, 0), (0, 0)])
     g = bld.g
     x = bld.in_block(data, ib)
-    v = g.add("winograd_input_transform", x, padding=tuple(a["padding"]))
+    tiles, rows = 0, 0
+    if not any(isinstance(d, str) for d in data.type.dims):
+        grid = winograd_grid(data.shape[2], data.shape[3], a["padding"])
+        tiles = data.shape[0] * grid.tiles_h * grid.tiles_w
+        rows = winograd_plane_rows(tiles, w.shape[1])
+    # spaced planes (rows > tiles): the GEMMs read the first `tiles` rows; else both attrs
+    # stay 0, the compact planes
+    spaced = rows > tiles
+    v = g.add("winograd_input_transform", x, padding=tuple(a["padding"]), plane_rows=rows if spaced else 0)
     # the GEMM operands as the packed matmul kernel's column panels, made once here
     bn = dense_panel_width(isa, "float32", w.shape[0])
-    m = g.add("winograd_matmul", v, g.add_constant(winograd_panels(winograd_weight(w), bn)), units=w.shape[0])
+    m = g.add("winograd_matmul", v, g.add_constant(winograd_panels(winograd_weight(w), bn)), units=w.shape[0],
+              tiles=tiles if spaced else 0)
     if spatial:
         # M's flat rows do not say how they split into tile rows: the data's runtime H, W do
         # (oh, ow are then the upper bounds)
@@ -449,7 +463,8 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
             continue
         if op == "conv2d":
             data, weight = node.inputs
-            plan = _conv_plan(node, bld.block_of(data), isa, bld.padded(data))
+            wl = _conv_workload(node)
+            plan = _conv_plan(node, bld.block_of(data), isa, bld.padded(data), wl)
             warr = weight.const_value
             if plan is not None and warr is None and (data.shape[1] % plan[0] or weight.shape[0] % plan[1]):
                 plan = None  # a weight computed at run time is never padded
@@ -457,7 +472,7 @@ def alter_conv_layout(graph: Graph, target: Any = None) -> Graph:
                 bld.copy(node)
                 continue
             ib, ob = plan
-            wino = _winograd_conv(node, bld, ib, ob, isa)
+            wino = _winograd_conv(node, bld, ib, ob, isa, wl)
             if wino is not None:
                 bld.blocked[node.outputs[0]] = (wino, ob)
                 continue

@@ -27,7 +27,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import te
-from ...ir.ops.winograd import WINOGRAD_AT, WINOGRAD_BT, winograd_tiles
+from ...ir.ops.winograd import WINOGRAD_AT, WINOGRAD_BT, winograd_grid, winograd_tiles
+from ...runtime.errors import CompileError
 from ..registry import register_compute
 from ..transform import pad_compute
 from ..util import acc_dtype, output_stage
@@ -75,15 +76,14 @@ def _runtime_tiles(data: te.Tensor, padding: tuple[int, int, int, int]) -> tuple
     if dyn[2] is None and dyn[3] is None:
         return None
     pt, pl, pb, pr = padding
+    grid = winograd_grid(int(data.shape[2]), int(data.shape[3]), padding)
+    # ceil(OH / 2) with OH = H + pt + pb - 2 at the runtime H (likewise W)
+    th = te.floordiv(dyn[2] + (pt + pb - 1), 2) if dyn[2] is not None else grid.tiles_h
+    tw = te.floordiv(dyn[3] + (pl + pr - 1), 2) if dyn[3] is not None else grid.tiles_w
+    return th, tw
 
-    def tiles(rt: Any, n: int, lo: int, hi: int) -> Any:
-        # ceil(OH / 2) with OH = H + lo + hi - 2
-        return te.floordiv(rt + (lo + hi - 1), 2) if rt is not None else -(-(n + lo + hi - 2) // 2)
 
-    return tiles(dyn[2], int(data.shape[2]), pt, pb), tiles(dyn[3], int(data.shape[3]), pl, pr)
-
-
-def winograd_input_transform(data: te.Tensor, padding: tuple[int, int, int, int]) -> te.Tensor:
+def winograd_input_transform(data: te.Tensor, padding: tuple[int, int, int, int], plane_rows: int = 0) -> te.Tensor:
     """``V = B^T d B`` of every 2x2 output tile of a 3x3 stride-1 convolution.
 
     Parameters
@@ -92,31 +92,42 @@ def winograd_input_transform(data: te.Tensor, padding: tuple[int, int, int, int]
         ``(N, C/ib, H, W, ib)``; N, H and W may be dynamic (``data.dyn``).
     padding : (top, left, bottom, right)
         The convolution's zero padding.
+    plane_rows : int
+        Rows per plane (:func:`kiln.ir.ops.winograd.winograd_plane_rows`; static shapes only):
+        the rows past the ``T`` tiles repeat the last tile.  0: ``T``.
 
     Returns
     -------
     te.Tensor
-        ``(16, N * TH * TW, C)`` with ``TH, TW = ceil(OH / 2), ceil(OW / 2)`` (upper bounds;
-        with a dynamic H or W the valid rows are the tiles at the runtime sizes, in the same
-        order).
+        ``(16, R, C)`` with ``R = max(plane_rows, T)``, ``T = N * TH * TW`` and
+        ``TH, TW = ceil(OH / 2), ceil(OW / 2)`` (upper bounds; with a dynamic H or W the valid
+        rows are the tiles at the runtime sizes, in the same order).
     """
     n, cb, h, w, ib = (int(v) for v in data.shape)
     pt, pl, pb, pr = padding
-    th, tw = winograd_tiles(h + pt + pb - 2, w + pl + pr - 2)
+    grid = winograd_grid(h, w, padding)
+    th, tw = grid.tiles_h, grid.tiles_w
+    tiles = n * th * tw
+    rows = max(plane_rows, tiles)
     rt = _runtime_tiles(data, padding)
     dyn = data.dyn or (None,) * 5
+    if rows > tiles and any(d is not None for d in dyn):
+        raise CompileError(f"winograd_input_transform: plane_rows={plane_rows} needs static data, got dyn {dyn}")
     # every patch inside: rows up to 2 * TH + 2 (>= H + pt + pb).  A dynamic axis is padded
     # after its runtime extent, and at an odd runtime size the last tile reads row
     # H + pt + pb: one more than the padding (it still fits the upper-bound buffer, whose
     # 2 * TH + 2 <= H + pt + pb + 1)
-    below = pb + 1 if dyn[2] is not None else 2 * th + 2 - h - pt
-    right = pr + 1 if dyn[3] is not None else 2 * tw + 2 - w - pl
+    below = pb + 1 if dyn[2] is not None else grid.pad[0][1]
+    right = pr + 1 if dyn[3] is not None else grid.pad[1][1]
     dp = pad_compute(data, [(0, 0), (0, 0), (pt, below), (pl, right), (0, 0)], "constant", 0.0,
                      name="winograd_pad", tag=TAG_WINOGRAD_PAD, read_to_padded_extent=rt is not None)
     rth, rtw = rt if rt is not None else (th, tw)
     per_image = rth * rtw
 
     def body(p: Any, t: Any, c: Any) -> Any:
+        if rows > tiles:
+            # the spacing rows recompute the last tile: in bounds without a branch per tile
+            t = te.minimum(t, tiles - 1)
         b = te.floordiv(t, per_image)
         rem = te.floormod(t, per_image)
         y0 = te.floordiv(rem, rtw) * 2
@@ -129,7 +140,7 @@ def winograd_input_transform(data: te.Tensor, padding: tuple[int, int, int, int]
     # runtime sizes) reads image t // (TH * TW) and rows, columns inside the padded copy's
     # runtime extents, which the dynamic-extent analysis cannot see through the divisions
     attrs = {"dyn_reads_in_bounds": True} if any(d is not None for d in dyn) else {}
-    out = te.compute((16, n * th * tw, cb * ib), body, name="winograd_input_transform", tag=TAG_WINOGRAD_IN,
+    out = te.compute((16, rows, cb * ib), body, name="winograd_input_transform", tag=TAG_WINOGRAD_IN,
                      attrs=attrs)
     assert isinstance(out, te.Tensor)  # one output
     return out
@@ -180,8 +191,8 @@ def winograd_output_transform(m: te.Tensor, out_height: int, out_width: int, blo
     return out
 
 
-def winograd_matmul(v: te.Tensor, panels: te.Tensor, units: int) -> te.Tensor:
-    """``M[p] = V[p] @ U[p]`` with ``U`` packed at build time as column panels.
+def winograd_matmul(v: te.Tensor, panels: te.Tensor, units: int, tiles: int = 0) -> te.Tensor:
+    """``M[p] = V[p, :T] @ U[p]`` with ``U`` packed at build time as column panels.
 
     The product is the packed ``matmul`` of :mod:`kiln.topi.nn.dense` (same tag and attributes,
     so the x86 GEMM schedule tiles it: a column tile is one panel) with the panels read
@@ -190,18 +201,21 @@ def winograd_matmul(v: te.Tensor, panels: te.Tensor, units: int) -> te.Tensor:
     Parameters
     ----------
     v : te.Tensor
-        ``(16, T, C)``.
+        ``(16, R, C)``: ``R >= T`` rows per plane.
     panels : te.Tensor
         ``(16, ceil(K / bn), C, bn)`` (:func:`kiln.ir.ops.winograd.winograd_panels`).
     units : int
         ``K``.
+    tiles : int
+        ``T``, the rows of ``V`` multiplied (0: all ``R``).
 
     Returns
     -------
     te.Tensor
         ``(16, T, K)``.
     """
-    p, t, c = (int(d) for d in v.shape)
+    p, rows, c = (int(d) for d in v.shape)
+    t = tiles or rows
     bn = int(panels.shape[3])
     acc = acc_dtype(v.dtype)
     r = te.reduce_axis((0, c), name="k")
@@ -219,13 +233,13 @@ def winograd_matmul(v: te.Tensor, panels: te.Tensor, units: int) -> te.Tensor:
 
 @register_compute("winograd_matmul")
 def _winograd_matmul(attrs: dict, inputs: list, out_types: list) -> list:
-    return [winograd_matmul(inputs[0], inputs[1], int(attrs["units"]))]
+    return [winograd_matmul(inputs[0], inputs[1], int(attrs["units"]), int(attrs.get("tiles") or 0))]
 
 
 @register_compute("winograd_input_transform")
 def _winograd_input_transform(attrs: dict, inputs: list, out_types: list) -> list:
     pt, pl, pb, pr = (int(v) for v in attrs["padding"])
-    return [winograd_input_transform(inputs[0], (pt, pl, pb, pr))]
+    return [winograd_input_transform(inputs[0], (pt, pl, pb, pr), int(attrs.get("plane_rows") or 0))]
 
 
 @register_compute("winograd_output_transform")
