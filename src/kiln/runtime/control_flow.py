@@ -209,13 +209,15 @@ class _LoopRunner(_ControlNode):
             self.cond_view[...] = cond
             self._run(b)
             cond = bool(cond_out[0])
+            # scan rows first: a scan head that is a carried argument's memory stacks the value
+            # the iteration came in with, before the carried values are written back
+            for view, box, r in scans:
+                row: tuple[int | slice, ...] = (it, *box)  # view[it][box] would write a copy of a 0-d row
+                view[row] = r  # a head is one row (checked when the graph is read)
             # a result that is an argument's memory is read whole before any carried value is written
             new = [r.copy() if snap else r for _, r, snap in carried]
             for (dst, _, _), r in zip(carried, new):
                 dst[...] = r
-            for view, box, r in scans:
-                row: tuple[int | slice, ...] = (it, *box)  # view[it][box] would write a copy of a 0-d row
-                view[row] = r  # a head is one row (checked when the graph is read)
             it += 1
         # the actual count, read by the parent like a kernel-reported extent (GraphExecutor.segments)
         for e in self.scan_eids:

@@ -30,6 +30,15 @@ after which op its value is known in a run (before, it is neither checked nor wr
 tables are version 3 (:data:`DATA_DEPENDENT_TABLES_VERSION`); every other model's stay version
 2, byte for byte as before, so a reader that knows only version 2 refuses exactly the tables it would run wrongly.
 
+Runtime control flow (``__if`` / ``__loop`` nodes, run in Python by :mod:`.control_flow`): each
+nested graph gets a whole table set of its own, made by the same code (prefix
+``<parent prefix>c<node id><t|e|b>_``, so an If in a Loop body nests), and the node is an op of
+kind ``KILN_OP_IF`` / ``KILN_OP_LOOP`` with a ``KilnControlDesc`` row naming them, with the
+pairs of nested and enclosing entries its arguments are bound to zero copy. A nested graph's
+symbols are the enclosing graph's (symbol rows with input -2 naming the enclosing symbol); a
+loop's scan-output count is a data-dependent symbol whose row names the loop's op. Such tables
+are version 4 (:data:`CONTROL_FLOW_TABLES_VERSION`).
+
 Runtime layer: standard library only.
 """
 
@@ -48,10 +57,11 @@ from .errors import InputError
 from .graph_json import Graph
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .graph_json import GraphNode
     from .module import Module
 
-__all__ = ["MODEL_FILE", "API_FILE", "API_VERSION", "DATA_DEPENDENT_TABLES_VERSION", "API_FUNCTIONS",
-           "model_api_source", "write_model_api", "api_source_path"]
+__all__ = ["MODEL_FILE", "API_FILE", "API_VERSION", "DATA_DEPENDENT_TABLES_VERSION", "CONTROL_FLOW_TABLES_VERSION",
+           "API_FUNCTIONS", "model_api_source", "write_model_api", "api_source_path"]
 
 #: The generated tables (one per library).
 MODEL_FILE = "kiln_model.c"
@@ -64,6 +74,11 @@ API_VERSION = 2
 #: the layout is version 2's plus ``dim_expr_after`` at the end (left out of version-2 tables);
 #: a symbol row with ``input`` -1 is what an older reader cannot run.
 DATA_DEPENDENT_TABLES_VERSION = 3
+#: ``KilnModelDesc.api_version`` of tables with runtime control flow (``__if`` / ``__loop`` ops):
+#: version 3's layout (``dim_expr_after`` NULL without data-dependent symbols) plus ``num_controls``
+#: and ``controls``, each nested graph a ``KilnModelDesc`` of its own. Every other model's tables
+#: keep version 2 or 3, byte for byte; an older reader refuses these.
+CONTROL_FLOW_TABLES_VERSION = 4
 #: The functions ``kiln/kiln_model.h`` declares (every model library exports them; they are C
 #: services, not packed kernels).
 API_FUNCTIONS: frozenset[str] = frozenset({
@@ -83,6 +98,8 @@ _CPUINFO_SPELLING = {llvm: flag for flag, llvm in _cpu.CPUINFO_RENAME.items()}
 #: Every x86-64 CPU has these; /proc/cpuinfo lists them as "sse sse2" anyway, but never mind.
 _ALWAYS_X86 = frozenset({"sse", "sse2"})
 _LINKED_LOOKUP = "_lookup_linked_param"
+#: Control-flow node -> its nested graphs (node attributes), in the order of KilnControlDesc.nested.
+_CONTROL_KINDS = {"__if": ("then_branch", "else_branch"), "__loop": ("body",)}
 
 
 def api_source_path() -> str:
@@ -104,9 +121,11 @@ def _c_str(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[str] = ()) -> str | None:
+def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[str] = (),
+                        nested: bool = False) -> str | None:
     """Why the C API cannot run ``g`` (None: it can). ``params`` names the argument nodes that
-    are weights; the others are the inputs whose shapes give a dynamic graph's symbols."""
+    are weights; the others are the inputs whose shapes give a dynamic graph's symbols. A
+    ``nested`` graph (a branch or body) takes its symbols from the enclosing graph instead."""
     if g.device_index is not None:
         codes = sorted({c for c in g.device_index if c != 1})
         if codes:
@@ -119,15 +138,12 @@ def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[s
     if '"kiln_values"' in g.json_text:
         return ("the graph has sequence / optional inputs or outputs (kiln_values, docs/sequences.md); the C API "
                 "has tensors only (use the Python runtime, whose GraphModule takes and returns lists)")
-    for nid, node in enumerate(g.nodes):
-        if node.is_op and node.func_name in ("__if", "__loop"):
-            # a runtime Loop's scan outputs are data-dependent dims the node itself reports
-            scan = sorted({d for e in g.node_entries(nid) for d in (g.sym_shape[e] if g.sym_shape else ())
-                           if isinstance(d, str) and d in g.data_dims})
-            dims = ", ".join(f"{n} in {g.dim_ranges[n][0]}..{g.dim_ranges[n][1]}" for n in scan)
-            return (f"graph node {node.name!r} is runtime control flow ({node.func_name}"
-                    f"{', whose scan outputs have the data-dependent dims ' + dims if scan else ''}); this version "
-                    "of the C API runs graphs without it")
+    for node in g.nodes:
+        if node.is_op and node.func_name in _CONTROL_KINDS:
+            why = _control_reason(node, defined)
+            if why is not None:
+                return why
+            continue
         if not node.is_op or node.func_name in ("__nop", "__copy", "__concat"):
             continue
         if not _C_IDENT.match(node.func_name):
@@ -140,10 +156,30 @@ def _unsupported_reason(g: Graph, defined: set[str] | None, params: Collection[s
             _dtype.to_dl(dt)
         except Exception:  # noqa: BLE001 - any unsupported spelling makes the model unsupported, not the export
             return f"graph entry {e} has dtype {dt!r}, which the C API has no DLPack code for"
-    return _dynamic_reason(g, params) if g.sym_shape is not None else None
+    return _dynamic_reason(g, params, nested) if g.sym_shape is not None else None
 
 
-def _dynamic_reason(g: Graph, params: Collection[str]) -> str | None:
+def _control_reason(node: "GraphNode", defined: set[str] | None) -> str | None:
+    """Why the C API cannot run control-flow node ``node`` (None: it can): a nested graph it
+    cannot run, or one deciding data-dependent dims of its own (which Kiln's importer never
+    writes). A nested graph's other symbols are the enclosing graph's (the reader checked them)."""
+    keys = _CONTROL_KINDS[node.func_name]
+    if set(node.subgraphs) != set(keys):
+        return (f"graph node {node.name!r} is runtime control flow ({node.func_name}) without its nested graph(s) "
+                f"{', '.join(keys)} (the graph JSON reader requires them)")
+    for key in keys:
+        sub = node.subgraphs[key]
+        if sub.data_dims:
+            return (f"graph node {node.name!r} is runtime control flow ({node.func_name}) whose nested graph "
+                    f"{key!r} decides data-dependent dimension(s) {sorted(sub.data_dims)} of its own; the C API "
+                    "runs nested graphs whose symbols are the enclosing graph's (Kiln's importer writes no other)")
+        why = _unsupported_reason(sub, defined, (), nested=True)
+        if why is not None:
+            return f"graph node {node.name!r} ({node.func_name}), nested graph {key!r}: {why}"
+    return None
+
+
+def _dynamic_reason(g: Graph, params: Collection[str], nested: bool = False) -> str | None:
     # What DynamicShapes refuses at load, refused at export: a symbol no input dim gives, a
     # data-dependent one no kernel output carries. Plus what the C side needs: weights of fixed
     # shape, inputs and outputs of a bounded rank, a data-dependent dim reported by a kernel.
@@ -163,7 +199,8 @@ def _dynamic_reason(g: Graph, params: Collection[str]) -> str | None:
         _data_dim_ops(g)
     except InputError as err:
         return str(err)
-    unbound = [n for n in g.dim_ranges if n not in plain and n not in g.data_dims]
+    # a nested graph's symbols are given by the enclosing graph, whatever its inputs' dims
+    unbound = [n for n in g.dim_ranges if n not in plain and n not in g.data_dims and not nested]
     if unbound:
         where = [f"{d!r} of input {n!r}" for n, e in inputs for d in dict.fromkeys(g.sym_shape[e])
                  if isinstance(d, str) and _sym.symbols(d) & set(unbound)]
@@ -179,7 +216,8 @@ def _dynamic_reason(g: Graph, params: Collection[str]) -> str | None:
 
 def _data_dim_ops(g: Graph) -> dict[str, int]:
     """``symbol -> node id`` of the kernel that reports each data-dependent dim: the node writing
-    the entry :func:`~kiln.runtime.dynamic_shapes.data_dim_sources` reads it from.
+    the entry :func:`~kiln.runtime.dynamic_shapes.data_dim_sources` reads it from (a ``__loop``
+    for the iteration count of its scan outputs).
 
     Raises
     ------
@@ -190,6 +228,9 @@ def _data_dim_ops(g: Graph) -> dict[str, int]:
     for name, (eid, _) in data_dim_sources(g).items():
         nid = bisect.bisect_right(g.node_row_ptr, eid) - 1
         node = g.nodes[nid]
+        if node.is_op and node.func_name == "__loop" and eid - g.node_row_ptr[nid] >= _num_carried(node):
+            out[name] = nid  # the iteration count of a loop's scan outputs: the loop reports it
+            continue
         if not node.is_op or node.func_name in ("__nop", "__copy", "__concat", "__if", "__loop"):
             raise InputError(f"data-dependent dimension {name!r} is first the dim of graph entry {eid}, an output of "
                              f"node {node.name!r} ({node.func_name if node.is_op else 'an input'}), not of a kernel "
@@ -199,6 +240,10 @@ def _data_dim_ops(g: Graph) -> dict[str, int]:
                              "kernel (which sees 1-D tensors, so it cannot report a dim)")
         out[name] = nid
     return out
+
+
+def _num_carried(node: "GraphNode") -> int:
+    return int(node.attrs.get("num_carried", 0))
 
 
 def _dims_text(dims: Sequence[int | str]) -> str:
@@ -238,7 +283,8 @@ class _CExpr:
 
 
 def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: Sequence[int], p: str,
-                    decided_by: dict[str, int] | None = None) -> tuple[list[str], list[str]]:
+                    decided_by: dict[str, int] | None = None, given: dict[str, int] | None = None
+                    ) -> tuple[list[str], list[str]]:
     """Lines of a dynamic graph's symbol tables and dim-expression function, and the
     ``KilnModelDesc`` fields that name them (in the struct's order).
 
@@ -246,7 +292,9 @@ def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: S
     symbols themselves, in ``attrs.dim_ranges`` order. ``dim_expr`` has one row per dim of the
     shapes table: -1 for a static dim, else the expression giving it. ``decided_by`` maps each
     data-dependent symbol to the index (in the ops table) of the op whose kernel reports it;
-    its row is ``{name, lo, hi, -1, op}``, and (version 3 only) ``dim_expr_after`` gives per
+    its row is ``{name, lo, hi, -1, op}``. ``given`` maps each symbol of a nested graph to its
+    index among the enclosing graph's symbols, which gives its value before each run: its row is
+    ``{name, lo, hi, -2, index}``. ``dim_expr_after`` (version 3 and 4 only) gives per
     expression the last such op of the symbols it uses, -1 for none: within a run the C side
     neither checks nor writes a dim before its value is known.
     """
@@ -277,7 +325,9 @@ def _dynamic_tables(g: Graph, inputs: Sequence[tuple[str, int]], shape_offset: S
             c = _sym.expand(text, env)
             body.append(f"  v[{j}] = {c.text if isinstance(c, _CExpr) else int(c)};")  # type: ignore[call-overload]
     decided_by = decided_by or {}
-    where = {n: (-1, decided_by[n]) if n in decided_by else source[n] for n in names}
+    given = given or {}
+    where = {n: (-1, decided_by[n]) if n in decided_by else (-2, given[n]) if n in given else source[n]
+             for n in names}
     sym_rows = [f"  {{{_c_str(n)}, {lo}LL, {hi}LL, {where[n][0]}, {where[n][1]}}},"
                 for n, (lo, hi) in g.dim_ranges.items()]
     per_line = 16
@@ -362,8 +412,8 @@ def _header(mod_name: str) -> list[str]:
 
 
 def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defined: set[str] | None = None,
-            linked_params: Sequence[str] = (), has_blob: bool = True, prefix: str = "kiln_"
-            ) -> tuple[set[str], list[str]]:
+            linked_params: Sequence[str] = (), has_blob: bool = True, prefix: str = "kiln_",
+            given: dict[str, int] | None = None) -> tuple[set[str], list[str]]:
     """Declarations and tables (``<prefix>model_desc``) of one build.
 
     Parameters
@@ -384,6 +434,9 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
         Whether the library has a module blob (``__kiln_dev_mblob``) to read params from.
     prefix : str
         Prefix of the tables' C names.
+    given : dict of str to int, optional
+        For a nested graph (a branch or body): the enclosing graph's symbol index of each of its
+        symbols, whose values the enclosing graph gives it before each run (``None``: the model).
 
     Returns
     -------
@@ -392,7 +445,7 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
     """
     g = graph
     param_set = set(params) | set(linked_params)
-    why = _unsupported_reason(g, defined, param_set)
+    why = _unsupported_reason(g, defined, param_set, nested=given is not None)
     arg_names = [g.nodes[n].name for n in g.arg_nodes]
     inputs = [(n, g.entry_id(nid)) for nid, n in zip(g.arg_nodes, arg_names) if n not in param_set]
     weights = [(n, g.entry_id(nid)) for nid, n in zip(g.arg_nodes, arg_names) if n in param_set]
@@ -433,6 +486,8 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
             args = [g.entry_id(s, i) for s, i, _ in node.inputs] + list(g.node_entries(node_id))
             if node.func_name == "__copy":
                 fn, kind = "NULL", "KILN_OP_COPY"
+            elif node.func_name in _CONTROL_KINDS:
+                fn, kind = "NULL", "KILN_OP_IF" if node.func_name == "__if" else "KILN_OP_LOOP"
             else:
                 fn, kind = node.func_name, "KILN_OP_CALL"
                 kernels.append(node.func_name)
@@ -461,11 +516,33 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
     dynamic = ["  0, NULL,", "  0, NULL, NULL, NULL,"]
     dyn_lines: list[str] = []
     version = API_VERSION
+    decided_by: dict[str, int] = {}
     if why is None and g.sym_shape is not None:
         decided_by = {n: op_of[nid] for n, nid in _data_dim_ops(g).items()}
-        dyn_lines, dynamic = _dynamic_tables(g, inputs, shape_offset, p, decided_by)
+        dyn_lines, dynamic = _dynamic_tables(g, inputs, shape_offset, p, decided_by, given)
         if decided_by:
             version = DATA_DEPENDENT_TABLES_VERSION
+        if given:  # symbol rows with input -2: only a version-4 reader knows them
+            version = CONTROL_FLOW_TABLES_VERSION
+    ctl_lines: list[str] = []
+    controls = [nid for nid in op_of if g.nodes[nid].func_name in _CONTROL_KINDS]
+    if version == CONTROL_FLOW_TABLES_VERSION or controls:
+        # version 4: the nested graphs' tables, then the controls table naming them
+        version = CONTROL_FLOW_TABLES_VERSION
+        symbol_index = {n: j for j, n in enumerate(g.dim_ranges)}
+        for nid in controls:
+            d, ln = _control_tables(g, nid, mod_name, defined, p, symbol_index)
+            decls |= d
+            ctl_lines += ln
+        if not decided_by:
+            dynamic.append("  NULL,")  # dim_expr_after
+        dynamic.append(f"  {len(controls)}, {p + 'controls' if controls else 'NULL'},")
+    if controls:
+        ctl_lines.append(arr("KilnControlDesc", f"{p}controls", [f"  {{{op_of[nid]}, {len(g.nodes[nid].inputs)}, "
+                                                                  f"{len(_CONTROL_KINDS[g.nodes[nid].func_name])}, "
+                                                                  f"{p}c{nid}_nested, {_num_carried(g.nodes[nid])}, "
+                                                                  f"{int(g.nodes[nid].attrs.get('num_scan', 0))}}},"
+                                                                  for nid in controls]))
     lines = [
         "",
         arr("int64_t", f"{p}shapes", ints(shapes) if shapes else []),
@@ -477,6 +554,7 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
         arr("KilnNamedEntry", f"{p}outputs", [f"  {{{_c_str(n)}, {e}}}," for n, e in outputs]),
         arr("KilnNamedEntry", f"{p}params", [f"  {{{_c_str(n)}, {e}}}," for n, e in weights]),
         *dyn_lines,
+        *ctl_lines,
         "",
         f"static const KilnModelDesc {p}model_desc = {{",
         f"  {version}, {_c_str(mod_name)}, {'NULL' if why is None else _c_str(why)},",
@@ -491,6 +569,56 @@ def _tables(graph: Graph, params: Sequence[str], mod_name: str = "default", defi
         *dynamic,
         "};",
     ]
+    return decls, lines
+
+
+def _control_tables(g: Graph, nid: int, mod_name: str, defined: set[str] | None, prefix: str,
+                    symbol_index: dict[str, int]) -> tuple[set[str], list[str]]:
+    """Declarations and lines of control-flow node ``nid``'s nested graphs (each a whole table set,
+    ``<prefix>c<nid><t|e|b>_model_desc``, made by :func:`_tables`: an If in a Loop body nests) and
+    of its ``<prefix>c<nid>_nested`` rows.
+
+    A nested graph's arguments are all its inputs (its params are the enclosing graph's entries,
+    so it loads none). Its binds pair every entry that uses an argument's memory (the argument and
+    its ``__nop`` views) with the enclosing entry it is bound to zero copy before each run, as
+    :mod:`.control_flow` binds them: an If's captured values and params, a Loop's carried values
+    (the node's own outputs, where the loop keeps them), captured values and params. A Loop's
+    iteration number and condition (arguments 0 and 1) stay in the body's own memory.
+    """
+    node = g.nodes[nid]
+    ins = [g.entry_id(s, i) for s, i, _ in node.inputs]
+    outs = list(g.node_entries(nid))
+    n_carried = _num_carried(node)
+    decls: set[str] = set()
+    lines: list[str] = []
+    rows = []
+    for key in _CONTROL_KINDS[node.func_name]:
+        sub = node.subgraphs[key]
+        sp = f"{prefix}c{nid}{key[0]}_"
+        # its symbols are the enclosing graph's (same names and ranges: the reader checked them)
+        d, ln = _tables(sub, (), mod_name, defined, (), False, sp, {n: symbol_index[n] for n in sub.dim_ranges})
+        decls |= d
+        lines += ln
+        params = [int(k) for k in node.attrs.get(f"{key}_params", [])]
+        args = [sub.entry_id(n) for n in sub.arg_nodes]
+        n_decl = len(args) - len(params)
+        if node.func_name == "__if":
+            to: list[int | None] = [ins[1 + k] for k in range(n_decl)]
+        else:
+            to = [None, None] + [outs[k] if k < n_carried else ins[2 + k] for k in range(n_decl - 2)]
+        to += [ins[k] for k in params]
+        binds: list[int] = []
+        for a, parent in zip(args, to):
+            if parent is not None:
+                for e in range(sub.num_entries):
+                    if sub.alias_root[e] == a:
+                        binds += [e, parent]
+        lines += ["", f"/* {node.name} {key}: (nested entry, enclosing entry) bound zero copy before each run */",
+                  f"static const int32_t {sp}binds[] = {{",
+                  *(["  " + ", ".join(map(str, binds[i:i + 16])) + "," for i in range(0, len(binds), 16)] or ["  0"]),
+                  "};"]
+        rows.append(f"  {{&{sp}model_desc, {_c_str(key)}, {len(binds) // 2}, {sp}binds}},")
+    lines += [f"static const KilnNestedDesc {prefix}c{nid}_nested[] = {{", *rows, "};"]
     return decls, lines
 
 

@@ -29,6 +29,22 @@
  * dim that uses it (the tables' dim_expr_after) is neither checked nor written: `n-nonzero_0` with
  * a new, smaller n and the old count may be negative, and no kernel reads it before the count is
  * known (the Python executor writes it unchecked).
+ *
+ * Runtime control flow (tables version 4; kiln.runtime.control_flow is the Python twin): every
+ * nested graph of an `__if` / `__loop` op (a branch, a body; recursively) is an instance of its own,
+ * created with its parent and freed with it. The op runs at its position in the op sequence (the
+ * kernel runs are split around it, as around a reporting kernel): the nested instance's arguments
+ * are bound zero copy to the parent's entries (data pointers set before each run: the parent's may
+ * be bound themselves), it runs its own op sequence, and its results are copied into the op's
+ * outputs -- a result that is a bound argument's memory is snapshotted first, so a body that swaps
+ * two carried values stays right. A loop keeps its carried values in the op's outputs (the body's
+ * carried arguments are bound to them), writes the iteration number and condition into the body's
+ * own memory, copies iteration i's scan results into row i of each scan output and finally writes
+ * the iteration count into their leading dim: a data-dependent symbol this op reports, taken like a
+ * kernel's. A nested graph of a dynamic model declares the parent's symbols (same ranges, so the
+ * same upper-bound storage and padded layout on both sides): before each run it takes their current
+ * values (re-shaping its entries only when one changed), and every copy moves the valid sub-box
+ * only (box_move), so a small shape under large bounds does not move the whole buffer.
  */
 #define _GNU_SOURCE
 #include <kiln/kiln_model_desc.h>
@@ -51,6 +67,23 @@ static const char kFactoryKey[] = "GraphExecutorFactory";
 typedef struct {
   int32_t op, symbol, entry, dim;
 } KilnReport;
+
+/* A nested graph's instance within a control-flow op. */
+typedef struct {
+  KilnModel* model;
+  const KilnNestedDesc* desc;
+  int64_t* snap_at;       /* per output (head): its offset in `scratch` if it is bound memory, else -1 */
+  char* scratch;          /* snapshots of those heads, taken before any result is written back */
+} KilnNested;
+
+typedef struct {
+  const KilnControlDesc* desc;
+  KilnNested nested[2];
+  int64_t bound;          /* a loop's scan outputs' planned rows (-1: no scan outputs) */
+} KilnControl;
+
+/* Nested graphs deeper than this are a damaged table (the graph JSON reader allows 6 levels). */
+#define KILN_MAX_NESTING 16
 
 struct KilnModel {
   const KilnModelDesc* desc;
@@ -76,7 +109,14 @@ struct KilnModel {
   int partial;            /* the last apply_symbols left dims that use unreported symbols unwritten */
   KilnReport* reports;    /* data-dependent symbols, by op: what to read back after which kernel */
   int32_t num_reports;
+  /* runtime control flow (tables version 4; NULL otherwise) */
+  KilnControl* controls;  /* per KilnModelDesc.controls row */
+  int32_t num_controls;   /* rows set up so far (KilnModelFree frees those) */
+  int32_t* control_of;    /* per op: its row in controls, -1 for a kernel or a copy */
 };
+
+static int32_t create_model(const KilnModelDesc* d, const char* params_path, KilnModel** out, int depth);
+static int32_t run_ops(KilnModel* m);
 
 KILN_DLL int32_t KilnModelAPIVersion(void) { return KILN_MODEL_API_VERSION; }
 
@@ -165,6 +205,42 @@ static void box_copy(char* padded, char* compact, const int64_t* a, const int64_
     if (to_padded) memcpy(padded + off, compact, run);
     else memcpy(compact, padded + off, run);
     compact += run;
+    int32_t i = k - 1;
+    for (; i >= 0 && ++idx[i] == a[i]; --i) {
+      off -= (size_t)(a[i] - 1) * stride[i];
+      idx[i] = 0;
+    }
+    if (i < 0) break;
+    off += stride[i];
+  }
+}
+
+/* Copy the valid sub-box [0:a0, 0:a1, ...] of an entry between two buffers of the same padded layout
+ * (upper-bound shape u, row-major, `nbytes` in all): what control flow copies of a dynamic entry, so
+ * that a small shape under large bounds does not move the whole buffer. Whole trailing dims move
+ * as one block per outer index; a static (or whole) entry is one memmove. */
+static void box_move(char* dst, const char* src, const int64_t* a, const int64_t* u, int32_t ndim, size_t item,
+                     uint64_t nbytes) {
+  size_t run = item, stride[64];
+  int64_t idx[64];
+  int32_t k = ndim - 1;
+  for (; k >= 0 && a[k] == u[k]; --k) run *= (size_t)u[k];
+  if (k < 0 || ndim > 64) { /* the whole buffer */
+    if (dst != src && nbytes) memmove(dst, src, (size_t)nbytes);
+    return;
+  }
+  run *= (size_t)a[k];
+  for (int32_t i = 0; i < k; ++i)
+    if (a[i] <= 0) return;
+  if (run == 0 || dst == src) return;
+  size_t s = item, off = 0;
+  for (int32_t i = ndim - 1; i >= 0; --i) {
+    stride[i] = s;
+    s *= (size_t)u[i];
+    idx[i] = 0;
+  }
+  for (;;) {
+    memmove(dst + off, src + off, run);
     int32_t i = k - 1;
     for (; i >= 0 && ++idx[i] == a[i]; --i) {
       off -= (size_t)(a[i] - 1) * stride[i];
@@ -471,12 +547,31 @@ static int32_t check_dim_exprs(const KilnModelDesc* d) {
       return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: dim expression %d is '%s', not symbol %d '%s' itself", (int)j,
                   d->dim_exprs[j].text, (int)j, d->symbols[j].name);
   if (d->api_version < 3) return KILN_OK;
-  if (!d->dim_expr_after)
-    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: version-3 tables without dim_expr_after");
+  int data = 0;
+  for (int32_t j = 0; j < d->num_symbols; ++j) data |= d->symbols[j].input == -1;
+  if (!d->dim_expr_after && (d->api_version == 3 || data))
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: version-%d tables without dim_expr_after", (int)d->api_version);
+  if (!d->dim_expr_after) return KILN_OK; /* version 4 without data-dependent symbols */
   for (int32_t x = 0; x < d->num_dim_exprs; ++x)
     if (d->dim_expr_after[x] < -1 || d->dim_expr_after[x] >= d->num_ops)
       return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: dim expression '%s' is known after op %d, not one of the "
                   "model's %d ops", d->dim_exprs[x].text, (int)d->dim_expr_after[x], (int)d->num_ops);
+  return KILN_OK;
+}
+
+/* Where each symbol's value comes from: an input's dim, a kernel (-1, checked by find_reports) or,
+ * in a nested graph of version-4 tables only, the enclosing graph (-2, checked by create_nested). */
+static int32_t check_symbols(const KilnModelDesc* d, int depth) {
+  for (int32_t j = 0; j < d->num_symbols; ++j) {
+    const KilnSymbolDesc* y = &d->symbols[j];
+    int ok = y->input >= 0 ? y->input < d->num_inputs && y->dim >= 0 &&
+                                 y->dim < d->entries[d->inputs[y->input].entry].ndim
+                           : y->input == -1 || (y->input == -2 && depth > 0 && d->api_version >= 4);
+    if (!ok)
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: symbol '%s' is read from input %d, dim %d, which %s", y->name,
+                  (int)y->input, (int)y->dim, y->input == -2 ? "only a nested graph (tables version 4) may name"
+                                                               : "the model does not have");
+  }
   return KILN_OK;
 }
 
@@ -488,7 +583,7 @@ static int32_t find_reports(KilnModel* m) {
   const KilnModelDesc* d = m->desc;
   int32_t n = 0, first = -1;
   for (int32_t j = 0; j < d->num_symbols; ++j)
-    if (d->symbols[j].input < 0) {
+    if (d->symbols[j].input == -1) {
       if (first < 0) first = j;
       ++n;
     }
@@ -500,10 +595,12 @@ static int32_t find_reports(KilnModel* m) {
   if (!m->reports) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
   for (int32_t j = 0; j < d->num_symbols; ++j) {
     const KilnSymbolDesc* y = &d->symbols[j];
-    if (y->input >= 0) continue;
-    if (y->dim < 0 || y->dim >= d->num_ops || d->ops[y->dim].kind != KILN_OP_CALL || d->ops[y->dim].flatten)
-      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: data-dependent symbol '%s' names op %d, not a kernel call of "
-                  "the model's %d ops", y->name, (int)y->dim, (int)d->num_ops);
+    if (y->input != -1) continue;
+    /* a kernel reports its extents; a loop (version 4) its iteration count */
+    if (y->dim < 0 || y->dim >= d->num_ops || d->ops[y->dim].flatten ||
+        (d->ops[y->dim].kind != KILN_OP_CALL && (d->ops[y->dim].kind != KILN_OP_LOOP || d->api_version < 4)))
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: data-dependent symbol '%s' names op %d, not a kernel call (or "
+                  "loop) of the model's %d ops", y->name, (int)y->dim, (int)d->num_ops);
     const KilnOpDesc* op = &d->ops[y->dim];
     KilnReport rep = {y->dim, j, -1, -1};
     for (int32_t a = 0; a < op->num_args && rep.entry < 0; ++a) {
@@ -518,6 +615,180 @@ static int32_t find_reports(KilnModel* m) {
     for (; at > 0 && m->reports[at - 1].op > rep.op; --at) m->reports[at] = m->reports[at - 1];
     m->reports[at] = rep;
   }
+  return KILN_OK;
+}
+
+/* ---------------- runtime control flow: create ---------------- */
+static int one_element(const KilnModelDesc* d, int32_t eid, uint8_t code, uint8_t bits) {
+  const KilnEntryDesc* e = &d->entries[eid];
+  int64_t n = 1;
+  for (int32_t k = 0; k < e->ndim; ++k) n *= d->shapes[e->shape_offset + k];
+  return n == 1 && e->dtype.bits == bits && e->dtype.lanes == 1 && e->nbytes == bits / 8 &&
+         (e->dtype.code == code || (bits == 8 && (e->dtype.code == kDLUInt || e->dtype.code == kDLInt)));
+}
+
+/* Whether entry a of da and entry b of db have the same planned storage: ndim, upper-bound dims,
+ * item size and bytes (so a copy of the valid sub-box has one layout on both sides). `skip` leading
+ * dims of b are left out (a scan output's rows). */
+static int same_layout(const KilnModelDesc* da, int32_t a, const KilnModelDesc* db, int32_t b, int32_t skip) {
+  const KilnEntryDesc *x = &da->entries[a], *y = &db->entries[b];
+  if (x->ndim + skip != y->ndim || item_bytes(x->dtype) != item_bytes(y->dtype)) return 0;
+  for (int32_t k = 0; k < x->ndim; ++k)
+    if (da->shapes[x->shape_offset + k] != db->shapes[y->shape_offset + skip + k]) return 0;
+  return skip || x->nbytes == y->nbytes;
+}
+
+/* An entry's actual shape: the instance's (dynamic) or the planned one. */
+static const int64_t* actual_shape(const KilnModel* m, int32_t eid) {
+  int32_t off = m->desc->entries[eid].shape_offset;
+  return m->shapes ? m->shapes + off : m->desc->shapes + off;
+}
+
+/* Copy entry eid's valid data (its actual shape in m) from src to dst, both laid out as its storage. */
+static void copy_entry(const KilnModel* m, int32_t eid, void* dst, const void* src) {
+  const KilnModelDesc* d = m->desc;
+  const KilnEntryDesc* e = &d->entries[eid];
+  box_move(dst, src, actual_shape(m, eid), d->shapes + e->shape_offset, e->ndim, item_bytes(e->dtype), e->nbytes);
+}
+
+static int32_t bad_control(const KilnModelDesc* d, const KilnControlDesc* c, const char* why) {
+  const char* name = c->op >= 0 && c->op < d->num_ops ? d->ops[c->op].name : "?";
+  return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: control-flow op %d (graph node '%s'): %s", (int)c->op, name, why);
+}
+
+/* Create nested graph k of control row c and check what running it relies on: binds, the loop's
+ * scalars, its outputs matching the op's outputs in size (the generator guarantees all of it; a
+ * damaged table is an error, not a crash). */
+static int32_t create_nested(KilnModel* m, KilnControl* ctl, int k, int depth) {
+  const KilnModelDesc* d = m->desc;
+  const KilnControlDesc* c = ctl->desc;
+  const KilnOpDesc* op = &d->ops[c->op];
+  const KilnNestedDesc* nd = &c->nested[k];
+  const int32_t* outs = d->op_args + op->first_arg + c->num_inputs;
+  int32_t n_out = op->num_args - c->num_inputs, loop = op->kind == KILN_OP_LOOP;
+  KilnNested* n = &ctl->nested[k];
+  n->desc = nd;
+  if (!nd->graph || nd->num_binds < 0 || (nd->num_binds > 0 && !nd->binds) || !nd->key)
+    return bad_control(d, c, "a nested graph's row is incomplete");
+  int32_t s = create_model(nd->graph, NULL, &n->model, depth + 1);
+  if (s != KILN_OK) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", KilnGetLastError());
+    return FAIL(s, "graph node '%s', function '%s', %s: %s", op->name, op->func_name, nd->key, msg);
+  }
+  const KilnModelDesc* sd = nd->graph;
+  if (sd->num_params != 0) return bad_control(d, c, "a nested graph loads params (its params are bound)");
+  if (sd->num_outputs != n_out + loop) return bad_control(d, c, "a nested graph's outputs do not match the op's");
+  /* a symbol the enclosing graph gives (input -2) is one of its symbols, with the same range (the
+   * same planned storage on both sides) */
+  for (int32_t j = 0; j < sd->num_symbols; ++j) {
+    const KilnSymbolDesc* y = &sd->symbols[j];
+    if (y->input == -2 && (y->dim < 0 || y->dim >= d->num_symbols || d->symbols[y->dim].lo != y->lo ||
+                           d->symbols[y->dim].hi != y->hi))
+      return bad_control(d, c, "a nested graph's symbol is not one of the enclosing graph's, with its range");
+  }
+  if (loop && (sd->num_inputs < 2 || !one_element(sd, sd->inputs[0].entry, kDLInt, 64) ||
+               !one_element(sd, sd->inputs[1].entry, kDLBool, 8) || !one_element(sd, sd->outputs[0].entry, kDLBool, 8)))
+    return bad_control(d, c, "the body's iteration number, condition or next condition is not a one-element scalar");
+  for (int32_t b = 0; b < nd->num_binds; ++b) {
+    int32_t se = nd->binds[2 * b], pe = nd->binds[2 * b + 1];
+    if (se < 0 || se >= sd->num_entries || pe < 0 || pe >= d->num_entries)
+      return bad_control(d, c, "a bind names an entry out of range");
+    if (sd->entries[se].nbytes > d->entries[pe].nbytes)
+      return bad_control(d, c, "a bind pairs a nested entry with a smaller one");
+    if (loop && (se == sd->inputs[0].entry || se == sd->inputs[1].entry))
+      return bad_control(d, c, "the body's iteration number or condition is bound");
+  }
+  /* the heads: sizes, and which ones are bound memory (snapshotted before writing back) */
+  n->snap_at = malloc(sizeof(int64_t) * ((size_t)sd->num_outputs + 1));
+  if (!n->snap_at) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+  uint64_t scratch = 0;
+  for (int32_t h = 0; h < sd->num_outputs; ++h) {
+    int32_t he = sd->outputs[h].entry, j = h - loop; /* j: the op output this head goes to (-1: next condition) */
+    if (he < 0 || he >= sd->num_entries) return bad_control(d, c, "a nested graph's output is out of range");
+    uint64_t nb = sd->entries[he].nbytes;
+    n->snap_at[h] = -1;
+    if (j < 0) continue;
+    int32_t oe = outs[j];
+    if (j < n_out - c->num_scan) { /* a result / carried value: the whole op output */
+      if (!same_layout(sd, he, d, oe, 0))
+        return bad_control(d, c, "a nested graph's output and the op's output differ in planned shape");
+    } else { /* one row of a scan output */
+      if (!same_layout(sd, he, d, oe, 1) || (uint64_t)ctl->bound * nb != d->entries[oe].nbytes)
+        return bad_control(d, c, "a scan output is not (bound) rows of the body's output");
+    }
+    for (int32_t b = 0; b < nd->num_binds; ++b)
+      if (nd->binds[2 * b] == he) {
+        n->snap_at[h] = (int64_t)scratch;
+        scratch += nb;
+        break;
+      }
+  }
+  n->scratch = malloc((size_t)scratch + 1);
+  if (!n->scratch) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+  return KILN_OK;
+}
+
+/* The control-flow ops of version-4 tables: rows checked against the ops and entries, nested
+ * instances created. On failure the caller frees m (and with it what was created so far). */
+static int32_t create_controls(KilnModel* m, int depth) {
+  const KilnModelDesc* d = m->desc;
+  if (d->num_controls < 0 || (d->num_controls > 0 && !d->controls))
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: %d control-flow rows", (int)d->num_controls);
+  m->control_of = malloc(sizeof(int32_t) * ((size_t)d->num_ops + 1));
+  m->controls = calloc((size_t)d->num_controls + 1, sizeof(KilnControl));
+  if (!m->control_of || !m->controls) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
+  for (int32_t i = 0; i < d->num_ops; ++i) m->control_of[i] = -1;
+  for (int32_t ci = 0; ci < d->num_controls; ++ci) {
+    const KilnControlDesc* c = &d->controls[ci];
+    KilnControl* ctl = &m->controls[ci];
+    m->num_controls = ci + 1; /* freed from here on */
+    ctl->desc = c;
+    ctl->bound = -1;
+    if (c->op < 0 || c->op >= d->num_ops || (d->ops[c->op].kind != KILN_OP_IF && d->ops[c->op].kind != KILN_OP_LOOP))
+      return bad_control(d, c, "not an op of kind KILN_OP_IF or KILN_OP_LOOP");
+    if (m->control_of[c->op] >= 0) return bad_control(d, c, "two rows for one op");
+    m->control_of[c->op] = ci;
+    const KilnOpDesc* op = &d->ops[c->op];
+    int loop = op->kind == KILN_OP_LOOP;
+    int32_t n_out = op->num_args - c->num_inputs;
+    const int32_t* args = d->op_args + op->first_arg;
+    if (c->num_inputs < 1 + loop || n_out < 0 || c->num_nested != 2 - loop || !c->nested)
+      return bad_control(d, c, "its input, output or nested graph count does not fit the op");
+    if (loop) {
+      if (c->num_carried < 0 || c->num_scan < 0 || c->num_carried + c->num_scan != n_out ||
+          c->num_inputs < 2 + c->num_carried)
+        return bad_control(d, c, "num_carried and num_scan do not fit the op's inputs and outputs");
+      if (!one_element(d, args[0], kDLInt, 64) || !one_element(d, args[1], kDLBool, 8))
+        return bad_control(d, c, "the trip count or condition is not a one-element int64 / bool");
+      for (int32_t k = 0; k < c->num_carried; ++k)
+        if (!same_layout(d, args[2 + k], d, args[c->num_inputs + k], 0))
+          return bad_control(d, c, "a carried value's initial entry and output differ in planned shape");
+      /* the scan outputs: planned for `bound` rows, their leading dim the data-dependent symbol
+       * this op reports (so the parent takes the count like a kernel-reported extent) */
+      for (int32_t j = 0; j < c->num_scan; ++j) {
+        const KilnEntryDesc* e = &d->entries[args[c->num_inputs + c->num_carried + j]];
+        int32_t x = e->ndim >= 1 ? dim_expr(d, e, 0) : -1;
+        if (!m->shapes || x < 0 || x >= d->num_symbols || d->symbols[x].input != -1 || d->symbols[x].dim != c->op)
+          return bad_control(d, c, "a scan output's leading dim is not a data-dependent symbol the loop reports");
+        int64_t b = d->shapes[e->shape_offset];
+        if (b < 0 || (ctl->bound >= 0 && b != ctl->bound))
+          return bad_control(d, c, "the scan outputs are planned for different iteration counts");
+        ctl->bound = b;
+      }
+    } else {
+      if (c->num_carried != 0 || c->num_scan != 0) return bad_control(d, c, "an If with carried or scan values");
+      if (!one_element(d, args[0], kDLBool, 8)) return bad_control(d, c, "the condition is not a one-element bool");
+    }
+    for (int k = 0; k < c->num_nested; ++k) {
+      int32_t s = create_nested(m, ctl, k, depth);
+      if (s != KILN_OK) return s;
+    }
+  }
+  for (int32_t i = 0; i < d->num_ops; ++i)
+    if ((d->ops[i].kind == KILN_OP_IF || d->ops[i].kind == KILN_OP_LOOP) && m->control_of[i] < 0)
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: graph node '%s' is control flow without a control-flow row",
+                  d->ops[i].name);
   return KILN_OK;
 }
 
@@ -543,6 +814,14 @@ KILN_DLL void KilnModelFree(KilnModel* m) {
   free(m->in_shapes);
   free(m->in_shape_at);
   free(m->reports);
+  for (int32_t c = 0; m->controls && c < m->num_controls; ++c)
+    for (int k = 0; k < 2; ++k) {
+      KilnModelFree(m->controls[c].nested[k].model);
+      free(m->controls[c].nested[k].snap_at);
+      free(m->controls[c].nested[k].scratch);
+    }
+  free(m->controls);
+  free(m->control_of);
   pthread_mutex_destroy(&m->mu);
   free(m);
 }
@@ -565,12 +844,29 @@ static int32_t bind_linked_params(KilnModel* m) {
 }
 
 KILN_HIDDEN int32_t KilnModelCreateFromDesc(const KilnModelDesc* d, const char* params_path, KilnModel** out) {
+  return create_model(d, params_path, out, 0);
+}
+
+/* Create an instance of tables `d`: the model (depth 0) or a nested graph of a control-flow op. */
+static int32_t create_model(const KilnModelDesc* d, const char* params_path, KilnModel** out, int depth) {
   if (!out) return FAIL(KILN_ERR_ARGUMENT, "KilnModelCreate: out is NULL");
   *out = NULL;
+  if (!d) return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: a nested graph has no tables");
   if (d->api_version < KILN_MODEL_TABLES_MIN_VERSION || d->api_version > KILN_MODEL_TABLES_VERSION)
     return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: the model tables are version %d, this code reads versions %d..%d",
                 (int)d->api_version, KILN_MODEL_TABLES_MIN_VERSION, KILN_MODEL_TABLES_VERSION);
   if (d->unsupported) return FAIL(KILN_ERR_UNSUPPORTED, "KilnModelCreate: %s", d->unsupported);
+  if (depth > KILN_MAX_NESTING)
+    return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: control flow nested more than %d levels deep", KILN_MAX_NESTING);
+  /* an op kind this code does not know (or control flow in tables older than version 4) would be
+   * skipped or misrun: refuse it */
+  for (int32_t i = 0; i < d->num_ops; ++i) {
+    int32_t kind = d->ops[i].kind;
+    if (kind != KILN_OP_CALL && kind != KILN_OP_COPY &&
+        ((kind != KILN_OP_IF && kind != KILN_OP_LOOP) || d->api_version < 4))
+      return FAIL(KILN_ERR_FORMAT, "KilnModelCreate: graph node '%s' has op kind %d, which version-%d tables cannot "
+                  "hold", d->ops[i].name, (int)kind, (int)d->api_version);
+  }
   KilnModel* m = calloc(1, sizeof(KilnModel));
   if (!m) return FAIL(KILN_ERR_MEMORY, "KilnModelCreate: out of memory");
   m->desc = d;
@@ -659,7 +955,8 @@ KILN_HIDDEN int32_t KilnModelCreateFromDesc(const KilnModelDesc* d, const char* 
       m->applied[j] = d->symbols[j].hi + 1; /* differs: the first update writes every shape */
       m->sym_from[j] = d->symbols[j].input;
     }
-    int32_t st = check_dim_exprs(d);
+    int32_t st = check_symbols(d, depth);
+    if (st == KILN_OK) st = check_dim_exprs(d);
     if (st == KILN_OK) st = find_reports(m);
     if (st == KILN_OK) st = update_shapes(m, "KilnModelCreate", 0, INT32_MAX);
     if (st != KILN_OK) {
@@ -681,7 +978,11 @@ KILN_HIDDEN int32_t KilnModelCreateFromDesc(const KilnModelDesc* d, const char* 
     m->calls[i].num_args = op->num_args;
     arg += (size_t)op->num_args;
   }
-  int32_t status = KILN_OK;
+  int32_t status = d->api_version >= 4 ? create_controls(m, depth) : KILN_OK;
+  if (status != KILN_OK) {
+    KilnModelFree(m);
+    return status;
+  }
   if (d->num_params > 0) {
     if (params_path) {
       uint8_t* data = NULL;
@@ -1018,14 +1319,114 @@ KILN_DLL int32_t KilnModelSetInputTensor(KilnModel* m, int32_t index, const DLTe
   return set_shaped(m, index, t->shape, t->ndim, data, count * item_bytes(e->dtype), "KilnModelSetInputTensor");
 }
 
-KILN_DLL int32_t KilnModelRun(KilnModel* m) {
-  if (!m) return FAIL(KILN_ERR_ARGUMENT, "KilnModelRun: model is NULL");
+/* ---------------- runtime control flow: run ---------------- */
+/* Point every bound entry of nested graph n at its parent entry's memory (which may itself be
+ * bound, in a graph nested deeper): zero copy, as kiln.runtime.control_flow binds them. */
+static void bind_nested(KilnModel* m, KilnNested* n) {
+  for (int32_t b = 0; b < n->desc->num_binds; ++b) {
+    int32_t se = n->desc->binds[2 * b], pe = n->desc->binds[2 * b + 1];
+    n->model->tensors[se].data = m->tensors[pe].data;
+    n->model->flat[se].data = m->tensors[pe].data;
+  }
+}
+
+/* Before running nested graph n: its symbols take the enclosing graph's current values (its
+ * entries re-shaped only when one changed), its arguments are bound. Then run it. */
+static int32_t run_nested(KilnModel* m, const KilnOpDesc* op, KilnNested* n) {
+  KilnModel* sub = n->model;
+  int32_t s = KILN_OK;
+  if (sub->shapes) {
+    const KilnModelDesc* sd = sub->desc;
+    for (int32_t j = 0; j < sd->num_symbols; ++j)
+      if (sd->symbols[j].input == -2) sub->sym[j] = m->sym[sd->symbols[j].dim];
+    s = apply_symbols(sub, "KilnModelRun", 0, -1);
+  }
+  bind_nested(m, n);
+  if (s == KILN_OK) s = run_ops(sub);
+  if (s != KILN_OK) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", KilnGetLastError());
+    return FAIL(s, "graph node '%s', function '%s', %s: %s", op->name, op->func_name, n->desc->key, msg);
+  }
+  return KILN_OK;
+}
+
+/* Copy nested outputs [h0, h1) into the op outputs outs[h - skip]: first snapshot every one that is
+ * bound memory (a body returning its carried arguments swapped reads the old values), then write. */
+static void write_back(KilnNested* n, KilnModel* m, const int32_t* outs, int32_t h0, int32_t h1, int32_t skip) {
+  const KilnModelDesc* sd = n->model->desc;
+  for (int32_t h = h0; h < h1; ++h)
+    if (n->snap_at[h] >= 0)
+      copy_entry(n->model, sd->outputs[h].entry, n->scratch + n->snap_at[h], n->model->tensors[sd->outputs[h].entry].data);
+  for (int32_t h = h0; h < h1; ++h) {
+    int32_t he = sd->outputs[h].entry;
+    const void* src = n->snap_at[h] >= 0 ? n->scratch + n->snap_at[h] : n->model->tensors[he].data;
+    copy_entry(n->model, he, m->tensors[outs[h - skip]].data, src); /* same layout and shape on both sides */
+  }
+}
+
+static int truthy(const void* p) { return *(const uint8_t*)p != 0; }
+
+/* Run control-flow op i (lock held). A loop writes its iteration count into the leading dim of its
+ * scan outputs; the caller takes it as the op's report. */
+static int32_t run_control(KilnModel* m, int32_t i) {
   const KilnModelDesc* d = m->desc;
-  for (int32_t i = 0; i < d->num_inputs; ++i)
-    if (!m->input_set[i])
-      return FAIL(KILN_ERR_STATE, "KilnModelRun: input '%s' was never set (KilnModelSetInput)", d->inputs[i].name);
+  const KilnOpDesc* op = &d->ops[i];
+  KilnControl* ctl = &m->controls[m->control_of[i]];
+  const KilnControlDesc* c = ctl->desc;
+  const int32_t* args = d->op_args + op->first_arg;
+  const int32_t* outs = args + c->num_inputs;
+  if (op->kind == KILN_OP_IF) {
+    KilnNested* n = &ctl->nested[truthy(m->tensors[args[0]].data) ? 0 : 1];
+    int32_t s = run_nested(m, op, n);
+    if (s == KILN_OK) write_back(n, m, outs, 0, n->model->desc->num_outputs, 0);
+    return s;
+  }
+  KilnNested* n = &ctl->nested[0];
+  KilnModel* b = n->model;
+  const KilnModelDesc* bd = b->desc;
+  int64_t trip;
+  memcpy(&trip, m->tensors[args[0]].data, sizeof trip);
+  int cond = truthy(m->tensors[args[1]].data);
+  /* the carried values live in the op's outputs; the body's carried arguments are bound to them */
+  for (int32_t k = 0; k < c->num_carried; ++k)
+    copy_entry(m, outs[k], m->tensors[outs[k]].data, m->tensors[args[2 + k]].data);
+  int64_t it = 0;
+  void* it_data = b->tensors[bd->inputs[0].entry].data;
+  uint8_t* cond_data = b->tensors[bd->inputs[1].entry].data;
+  const void* cond_out = b->tensors[bd->outputs[0].entry].data;
+  for (; cond && it < trip; ++it) {
+    if (c->num_scan > 0 && it >= ctl->bound)
+      return FAIL(KILN_ERR_SHAPE, "KilnModelRun: graph node '%s', function '%s': the loop runs more than %lld "
+                  "iterations, the bound its scan outputs were planned for (the trip count M known at import, else "
+                  "kiln.frontend.onnx.ops_control.RUNTIME_LOOP_MAX_ITERATIONS)", op->name, op->func_name,
+                  (long long)ctl->bound);
+    memcpy(it_data, &it, sizeof it);
+    *cond_data = 1;
+    int32_t s = run_nested(m, op, n);
+    if (s != KILN_OK) return s;
+    cond = truthy(cond_out);
+    /* scan rows first: they read the heads before any carried value (which a head may be bound
+     * to) is overwritten; the scan outputs themselves are bound to nothing in the body */
+    for (int32_t j = 0; j < c->num_scan; ++j) { /* a row is laid out as the head (same planned dims) */
+      int32_t he = bd->outputs[1 + c->num_carried + j].entry;
+      copy_entry(b, he, (char*)m->tensors[outs[c->num_carried + j]].data + (size_t)it * (size_t)bd->entries[he].nbytes,
+                 b->tensors[he].data);
+    }
+    write_back(n, m, outs, 1, 1 + c->num_carried, 1);
+  }
+  for (int32_t j = 0; j < c->num_scan; ++j) {
+    const KilnEntryDesc* e = &d->entries[outs[c->num_carried + j]];
+    m->shapes[e->shape_offset] = it; /* read back as the op's report (take_reports) */
+  }
+  return KILN_OK;
+}
+
+/* ---------------- run ---------------- */
+/* One run of m's op sequence (lock held; a nested instance runs under its parent's lock). */
+static int32_t run_ops(KilnModel* m) {
+  const KilnModelDesc* d = m->desc;
   int32_t status = KILN_OK;
-  pthread_mutex_lock(&m->mu);
   if (m->shapes && m->dirty) status = update_shapes(m, "KilnModelRun", 1, -1);
   int32_t i = 0, r = 0;
   while (i < d->num_ops && status == KILN_OK) {
@@ -1033,6 +1434,17 @@ KILN_DLL int32_t KilnModelRun(KilnModel* m) {
     if (op->kind == KILN_OP_COPY) {
       int32_t src = d->op_args[op->first_arg], dst = d->op_args[op->first_arg + 1];
       memmove(m->tensors[dst].data, m->tensors[src].data, (size_t)d->entries[dst].nbytes);
+      ++i;
+      continue;
+    }
+    if (op->kind != KILN_OP_CALL) { /* control flow: run on its own, then take what it reports */
+      status = run_control(m, i);
+      if (status == KILN_OK && r < m->num_reports && m->reports[r].op == i) {
+        int32_t r1 = r;
+        while (r1 < m->num_reports && m->reports[r1].op == i) ++r1;
+        status = take_reports(m, r, r1);
+        r = r1;
+      }
       ++i;
       continue;
     }
@@ -1057,6 +1469,17 @@ KILN_DLL int32_t KilnModelRun(KilnModel* m) {
     }
     i = j;
   }
+  return status;
+}
+
+KILN_DLL int32_t KilnModelRun(KilnModel* m) {
+  if (!m) return FAIL(KILN_ERR_ARGUMENT, "KilnModelRun: model is NULL");
+  const KilnModelDesc* d = m->desc;
+  for (int32_t i = 0; i < d->num_inputs; ++i)
+    if (!m->input_set[i])
+      return FAIL(KILN_ERR_STATE, "KilnModelRun: input '%s' was never set (KilnModelSetInput)", d->inputs[i].name);
+  pthread_mutex_lock(&m->mu);
+  int32_t status = run_ops(m);
   pthread_mutex_unlock(&m->mu);
   return status;
 }

@@ -27,8 +27,9 @@
  * KILN_ERR_SHAPE with a message naming the input, the dim, the symbol and its range. Dims that
  * kernels decide at run time (data-dependent dims: NonZero's count, ...) are symbols too: the run
  * takes each value from its kernel and re-shapes what follows; a value outside the symbol's range
- * is KILN_ERR_SHAPE from KilnModelRun, naming the graph node. Models with runtime control flow are
- * KILN_ERR_UNSUPPORTED at KilnModelCreate, with the reason.
+ * is KILN_ERR_SHAPE from KilnModelRun, naming the graph node. Runtime control flow (ONNX If / Loop
+ * kept as graph nodes) runs: a Loop's scan outputs have the iteration count as a data-dependent dim,
+ * and a loop running past the bound they were planned for is KILN_ERR_SHAPE naming the node.
  *
  * Version 2 only adds to version 1: every version-1 function keeps its meaning for a static model,
  * so a program written for version 1 may accept a library whose KilnModelAPIVersion() is >= 1.
