@@ -420,6 +420,61 @@ def test_damaged_control_tables_are_a_format_error(driver, tmp_path, damage, mes
     assert len(out) == 1 and re.fullmatch(rf"create {ERR_FORMAT} KilnModelCreate: {message}", out[0]), out
 
 
+def _body_output_out_of_range(decls, lines):
+    # the body's first head (its next condition), read as a scalar at create: out of range
+    at = next(i for i, x in enumerate(lines) if re.match(r"static const KilnNamedEntry \w+b_outputs\[\] = \{", x))
+    lines[at] = re.sub(r"\{(\"[^\"]+\"), \d+\}", r"{\1, 100000000}", lines[at], count=1)
+    return decls, lines
+
+
+def test_a_head_out_of_range_is_a_format_error_before_anything_reads_it(driver, tmp_path):
+    lib = _damaged(loop_model(), tmp_path, "damaged_head.so", _body_output_out_of_range)
+    out = Session(driver, lib, tmp_path).go()
+    want = (rf"create {ERR_FORMAT} KilnModelCreate: control-flow op \d+ "
+            r"\(graph node '[^']+'\): a nested graph's output is out of range")
+    assert len(out) == 1 and re.fullmatch(want, out[0]), out
+
+
+def _for_loop_model(carried_condition: bool) -> onnx.ModelProto:
+    """A ``for`` loop as exporters write it: the next condition a Constant true, or a carried
+    bool the body returns as the condition. Either way it is bound memory of the body."""
+    if carried_condition:
+        nodes = [helper.make_node("Add", ["a_in", "x"], ["a_new"]), helper.make_node("Identity", ["f_in"], ["f_out"]),
+                 helper.make_node("Identity", ["a_new"], ["sc"])]
+        ins = [_vi("i", TP.INT64, []), _vi("cin", TP.BOOL, []), _vi("a_in", TP.FLOAT, [3]), _vi("f_in", TP.BOOL, [])]
+        outs = [_vi("f_in", TP.BOOL, []), _vi("a_new", TP.FLOAT, [3]), _vi("f_out", TP.BOOL, []),
+                _vi("sc", TP.FLOAT, [3])]
+        loop = helper.make_node("Loop", ["M", "", "a", "f"], ["af", "ff", "scans"], body=helper.make_graph(
+            nodes, "body", ins, outs))
+        return _model([loop], [_vi("M", TP.INT64, []), _vi("a", TP.FLOAT, [3]), _vi("x", TP.FLOAT, [3]),
+                               _vi("f", TP.BOOL, [])],
+                      [_vi("af", TP.FLOAT, [3]), _vi("ff", TP.BOOL, []), _vi("scans", TP.FLOAT, ["T", 3])])
+    nodes = [helper.make_node("Constant", [], ["cout"], value=helper.make_tensor("t", TP.BOOL, [], [True])),
+             helper.make_node("Add", ["a_in", "x"], ["a_new"]), helper.make_node("Identity", ["a_new"], ["sc"])]
+    ins = [_vi("i", TP.INT64, []), _vi("cin", TP.BOOL, []), _vi("a_in", TP.FLOAT, [3])]
+    body = helper.make_graph(nodes, "body", ins,
+                             [_vi("cout", TP.BOOL, []), _vi("a_new", TP.FLOAT, [3]), _vi("sc", TP.FLOAT, [3])])
+    return _model([helper.make_node("Loop", ["M", "", "a"], ["af", "scans"], body=body)],
+                  [_vi("M", TP.INT64, []), _vi("a", TP.FLOAT, [3]), _vi("x", TP.FLOAT, [3])],
+                  [_vi("af", TP.FLOAT, [3]), _vi("scans", TP.FLOAT, ["T", 3])])
+
+
+@pytest.mark.parametrize("carried_condition", [False, True])
+def test_a_bound_next_condition_is_read_after_each_run(driver, tmp_path, carried_condition):
+    """The first run of an instance too: the condition's memory is bound inside the body's run."""
+    model = _for_loop_model(carried_condition)
+    names = [i.name for i in model.graph.input]
+    lib = _export(model, tmp_path, f"for_{carried_condition}.so")
+    feeds = []
+    for m in (4, 3, 0, 2):
+        f = {"M": np.array(m, np.int64), "a": np.zeros(3, np.float32), "x": np.array([1, 2, 3], np.float32)}
+        if carried_condition:
+            f["f"] = np.array(True)
+        feeds.append(f)
+    out, got = _session(driver, lib, tmp_path, feeds, names, len(model.graph.output))
+    _compare(model, out, got, feeds)
+
+
 # ----------------------------------------------------------------------------- sanitizers
 def test_control_flow_runs_clean_under_asan_ubsan(tmp_path):
     """If in a Loop body and the swapping body with everything instrumented (tests/sanitizers):

@@ -687,6 +687,14 @@ static int32_t create_nested(KilnModel* m, KilnControl* ctl, int k, int depth) {
                            d->symbols[y->dim].hi != y->hi))
       return bad_control(d, c, "a nested graph's symbol is not one of the enclosing graph's, with its range");
   }
+  /* every head and the loop's two scalar inputs are in range before anything reads them */
+  for (int32_t h = 0; h < sd->num_outputs; ++h)
+    if (sd->outputs[h].entry < 0 || sd->outputs[h].entry >= sd->num_entries)
+      return bad_control(d, c, "a nested graph's output is out of range");
+  if (loop && sd->num_inputs >= 2)
+    for (int32_t k = 0; k < 2; ++k)
+      if (sd->inputs[k].entry < 0 || sd->inputs[k].entry >= sd->num_entries)
+        return bad_control(d, c, "the body's iteration number or condition is out of range");
   if (loop && (sd->num_inputs < 2 || !one_element(sd, sd->inputs[0].entry, kDLInt, 64) ||
                !one_element(sd, sd->inputs[1].entry, kDLBool, 8) || !one_element(sd, sd->outputs[0].entry, kDLBool, 8)))
     return bad_control(d, c, "the body's iteration number, condition or next condition is not a one-element scalar");
@@ -714,7 +722,8 @@ static int32_t create_nested(KilnModel* m, KilnControl* ctl, int k, int depth) {
       if (!same_layout(sd, he, d, oe, 0))
         return bad_control(d, c, "a nested graph's output and the op's output differ in planned shape");
     } else { /* one row of a scan output */
-      if (!same_layout(sd, he, d, oe, 1) || (uint64_t)ctl->bound * nb != d->entries[oe].nbytes)
+      if (!same_layout(sd, he, d, oe, 1) || ctl->bound < 0 || (nb && (uint64_t)ctl->bound > UINT64_MAX / nb) ||
+          (uint64_t)ctl->bound * nb != d->entries[oe].nbytes)
         return bad_control(d, c, "a scan output is not (bound) rows of the body's output");
     }
     for (int32_t b = 0; b < nd->num_binds; ++b)
@@ -1394,7 +1403,6 @@ static int32_t run_control(KilnModel* m, int32_t i) {
   int64_t it = 0;
   void* it_data = b->tensors[bd->inputs[0].entry].data;
   uint8_t* cond_data = b->tensors[bd->inputs[1].entry].data;
-  const void* cond_out = b->tensors[bd->outputs[0].entry].data;
   for (; cond && it < trip; ++it) {
     if (c->num_scan > 0 && it >= ctl->bound)
       return FAIL(KILN_ERR_SHAPE, "KilnModelRun: graph node '%s', function '%s': the loop runs more than %lld "
@@ -1405,7 +1413,9 @@ static int32_t run_control(KilnModel* m, int32_t i) {
     *cond_data = 1;
     int32_t s = run_nested(m, op, n);
     if (s != KILN_OK) return s;
-    cond = truthy(cond_out);
+    /* read after the run: the next condition may be bound memory, whose pointer the bind inside
+     * run_nested sets (a constant true hoisted into a param, a carried bool) */
+    cond = truthy(b->tensors[bd->outputs[0].entry].data);
     /* scan rows first: they read the heads before any carried value (which a head may be bound
      * to) is overwritten; the scan outputs themselves are bound to nothing in the body */
     for (int32_t j = 0; j < c->num_scan; ++j) { /* a row is laid out as the head (same planned dims) */
