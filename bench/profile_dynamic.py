@@ -11,7 +11,9 @@ Models and shapes:
 
 * ``resnet50`` (batch 1..16): ``--shape 4`` (the batch);
 * ``minilm`` (batch 1..8 x seq 1..256): ``--shape 1x128``;
-* ``resnet18``, ``mobilenetv2`` (H, W in 32..224): ``--shape 96x96``.
+* ``resnet18``, ``mobilenetv2`` (H, W in 32..224): ``--shape 96x96``;
+* the models of ``bench_dynamic_broad.py`` with its ranges: ``--shape 1x224x224`` (batch x H x W),
+  ``64x1`` (seq x batch, ``transformer_encoder``), ``1x128`` (``gpt2_6l``), ``1`` (``vit_b16``).
 
 Usage::
 
@@ -53,6 +55,13 @@ def _case(name: str, shape: str) -> tuple[Any, dict[str, Any], dict[str, np.ndar
         dims = tuple(int(v) for v in shape.split("x"))
         feeds = bench_dynamic.inputs_at(name, dims)
         return onnx.load(str(path)), ranges, feeds, {k: v.shape for k, v in feeds.items()}
+    import bench_dynamic_broad
+
+    if name in bench_dynamic_broad.CASES:
+        path = bench_dynamic_broad.export_dynamic(name, common.DEFAULT_OUT)
+        feeds = bench_dynamic_broad.inputs_at(name, tuple(int(v) for v in shape.split("x")))
+        ranges = dict(bench_dynamic_broad.CASES[name][1])
+        return onnx.load(str(path)), ranges, feeds, {k: v.shape for k, v in feeds.items()}
     import bench_dynamic_spatial
 
     model = bench_dynamic_spatial.onnx_model(name)
@@ -65,7 +74,10 @@ def _case(name: str, shape: str) -> tuple[Any, dict[str, Any], dict[str, np.ndar
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, choices=["resnet50", "minilm", "resnet18", "mobilenetv2"])
+    import bench_dynamic_broad
+
+    ap.add_argument("--model", required=True,
+                    choices=["resnet50", "minilm", "resnet18", "mobilenetv2", *bench_dynamic_broad.CASES])
     ap.add_argument("--shape", required=True)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--top", type=int, default=15)
@@ -93,6 +105,12 @@ def main() -> int:
     print(f"{'dynamic us':>10} {'static us':>10} {'ratio':>6} {'extra us':>9}  kernel (static input shapes)")
     for d, s, name, shapes in rows[:args.top]:
         print(f"{d:10.1f} {s:10.1f} {d / s:6.2f} {d - s:+9.1f}  {name} {shapes}")
+    for label, own, other in (("dynamic", pd, ps), ("static", ps, pd)):
+        alone = sorted(((t, n, shp) for n, (t, shp) in own.items() if n not in other), reverse=True)
+        if alone:
+            print(f"{label} build only: {len(alone)} kernels, {sum(t for t, _, _ in alone):.0f} us; the slowest:")
+            for t, name, shapes in alone[:args.top]:
+                print(f"{t:10.1f}  {name} {shapes}")
     return 0
 
 

@@ -299,3 +299,29 @@ def test_lane_invariant_guard_keeps_vector_loads(target: str) -> None:
     want_lane = np.full((rows, n), -1.0, np.float32)
     want_lane[:, 1:] = a[:, :-1]
     np.testing.assert_array_equal(lane, want_lane)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_partial_last_tile_of_a_runtime_extent_runs_as_vector_chunks(target: str) -> None:
+    """``for o: for i in range(min(32, n - o*32))`` (vectorized) over a runtime ``n``: whole tiles
+    are one 32-lane body, the last partial one vector chunks of 16, 8, 4, 2 and one scalar
+    position, each taken when that many are left (``tail_chunks``). Every ``n`` from 1 to 70
+    against NumPy, the elements past ``n`` untouched."""
+    n = tir.Var("n", "int32")
+    A = te.placeholder((72,), name="A", dyn=(n,))
+    C = te.compute((72,), lambda i: A[i] * 2.0 + 1.0, name="C")
+    s = te.create_schedule(C.op)
+    _, xi = s[C].split(C.op.axis[0], factor=32)
+    s[C].vectorize(xi)
+    f = tir.lower(s, [A, C], "tail_chunks")
+    mod = codegen.build_module([f], target)
+    if target == "c":
+        src = mod.get_source()
+        assert all(f"kiln_f32x{w}_u*)&C" in src for w in (16, 8, 4, 2)), "the tail is not cut into vector chunks"
+    for k in range(1, 71):
+        a = RNG.standard_normal(k).astype(np.float32)
+        c = kiln.nd.array(np.full(72, -5.0, np.float32))
+        mod["tail_chunks"](kiln.nd.array(a), c._create_view((k,)))
+        got = c.numpy()
+        np.testing.assert_array_equal(got[:k], a * 2 + 1, err_msg=f"n = {k}")
+        assert (got[k:] == -5.0).all(), f"n = {k}: wrote past the runtime extent"

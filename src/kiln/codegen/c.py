@@ -38,7 +38,8 @@ from ..tir.functor import collect_vars, loop_closure, post_order_visit
 from ..tir.intrin import SET_EXTENT, set_extent_targets
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, PrimFunc
 from ..tir.unswitch import unswitch_loops
-from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in
+from ..tir.vectorize import (VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in,
+                             tail_chunks)
 from .c_prelude import C_PRELUDE, C_PRELUDE_END
 from .cstyle import C_KEYWORDS, INFIX_OPS, CDialect, CStylePrinter, Scope
 from .vmath import VECTOR_MATH, emit_math
@@ -295,11 +296,11 @@ class CCodeGen(CStylePrinter):
         if plan is None:
             return False
         pad = "  " * ind
-        # whole tiles take the vector path; only the last, partial one runs the scalar loop
+        # whole tiles take the full-width vector path
         out.append(f"{pad}if ({self.expr(bound)} >= {full}) {{")
         self._vector_body(plan, out, ind + 1)
-        out.append(f"{pad}}} else {{")
-        self._serial_loop(s, out, ind + 1)
+        out.append(f"{pad}}} else {{")  # the last, partial tile: vector chunks of halving widths
+        self._stmt(tail_chunks(s, full, bound), out, ind + 1)
         out.append(f"{pad}}}")
         return True
 

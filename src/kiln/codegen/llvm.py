@@ -41,7 +41,8 @@ from ..tir.intrin import SET_EXTENT, set_extent_targets
 from ..tir.simplify import simplify
 from ..tir.stmt import Allocate, Buffer, BufferStore, Evaluate, For, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt
 from ..tir.unswitch import unswitch_loops
-from ..tir.vectorize import VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in
+from ..tir.vectorize import (VECTOR_DTYPES, flat_index, plan_vector_loop, split_min_extent, stride_in,
+                             tail_chunks)
 from .c import STACK_LIMIT_BYTES
 from .vmath import VECTOR_MATH, emit_math
 
@@ -765,14 +766,12 @@ class LLVMCodeGen:
             return False
         b = st.b
         bv = self._expr(st, bound, index=True)
-        # whole tiles take the vector path; only the last, partial one runs the scalar loop
+        # whole tiles take the full-width vector path
         with b.if_else(b.icmp_signed(">=", bv, ir.Constant(bv.type, full))) as (then, other):
             with then:
                 self._vector_body(st, plan)
-            with other:
-                start = self._expr(st, s.min, index=True)
-                end = self._expr(st, simplify(s.min + s.extent), index=True)
-                self._loop(st, s.loop_var, start, end, lambda: self._stmt(st, s.body))
+            with other:  # the last, partial tile: vector chunks of halving widths
+                self._stmt(st, tail_chunks(s, full, bound))
         return True
 
     def _vector_body(self, st: _Fn, plan: Any) -> None:

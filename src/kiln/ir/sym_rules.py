@@ -32,6 +32,8 @@ This module imports only the IR types, the op helpers and :mod:`kiln.runtime.sym
 
 from __future__ import annotations
 
+import math
+
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
@@ -70,23 +72,50 @@ def padded_layout_key(t: TensorType) -> tuple:
     """Equal keys <=> the same bytes hold the same elements in both types' padded layouts.
 
     Storage is laid out for the upper-bound shape and the data sits in the sub-box of the
-    actual shape, so a reshape is a free alias only when that sub-box maps onto itself: the
-    dims up to the last symbolic one must agree exactly (only the static tail may be
-    re-factored), except that a type whose single non-unit leading dim is symbolic is compact
-    whatever the runtime size (a batch, or the sequence of a batch-1 model), so only its total
-    symbolic size matters.
+    actual shape. A dim's stride is the product of the upper bounds after it, so a reshape
+    that only re-factors runs of static dims (``(b, 232, h, w)`` <-> ``(b, 2, 116, h, w)``, a
+    channel shuffle) keeps every element where it was: the key is the sequence of symbolic
+    dims with the product of each static run between them (a dim ``c*s`` counts as ``(s, c)``,
+    :func:`_scaled_symbol`). A type whose single non-unit leading dim is symbolic is compact
+    whatever the runtime size (a batch, or the sequence of a batch-1 model), so there only its
+    total symbolic size matters.
     """
     dims = list(t.dims)
     last = max((i for i, d in enumerate(dims) if isinstance(d, str)), default=-1)
-    tail = 1
-    for d in dims[last + 1:]:
-        tail *= int(d)
     if last < 0:
-        return ("static", tail)
+        return ("static", math.prod(int(d) for d in dims))
     lead = [d for d in dims[:last + 1] if d != 1]
     if len(lead) == 1:
-        return ("compact", sym.mul(lead[0], tail))
-    return ("padded", tuple(lead), tail)
+        return ("compact", sym.mul(lead[0], math.prod(int(d) for d in dims[last + 1:])))
+    runs: list[Dim] = []
+    run = 1
+    for d in dims:
+        for part in _scaled_symbol(d):
+            if isinstance(part, str):
+                runs += ([run] if run != 1 else []) + [part]
+                run = 1
+            else:
+                run *= int(part)
+    return ("padded", tuple(runs + ([run] if run != 1 else [])))
+
+
+def _scaled_symbol(d: Dim) -> tuple[Dim, ...]:
+    """A dim ``c*s`` (a constant times one symbol) as the dims ``(s, c)``, which address the
+    same positions in the same order (``j = a*c + h``, ``a < s``); any other dim as itself.
+
+    So ``(seq, 12*batch, 64)``, the heads of an attention split off a sequence-first
+    ``(seq, batch, 768)``, has the padded layout of ``(seq, batch, 768)``.
+    """
+    if not isinstance(d, str):
+        return (d,)
+    names = sym.symbols(d)
+    if len(names) != 1:
+        return (d,)
+    (s,) = names
+    c = sym.evaluate(d, {s: 1})
+    if c > 1 and sym.mul(c, s) == d:
+        return (s, c)
+    return (d,)
 
 
 def same_padded_layout(a: TensorType, b: TensorType) -> bool:

@@ -189,7 +189,47 @@ def unswitch_loops(s: Stmt, params: Sequence[Buffer] = ()) -> Stmt:
         The body with runtime-extent tile loops partitioned (:func:`partition_tail_tiles`) and
         the guard-carrying loops versioned.
     """
-    return _unswitch(partition_tail_tiles(peel_static_tails(s), extent_bounds(params)))
+    bounds = extent_bounds(params)
+    return _unswitch(cap_vector_extents(partition_tail_tiles(peel_static_tails(s), bounds), bounds))
+
+
+#: Widest vectorized loop :func:`cap_vector_extents` gives a constant cap (a vector tile).
+_MAX_VECTOR_CAP = 64
+
+
+def cap_vector_extents(s: Stmt, bounds: dict[Var, int]) -> Stmt:
+    """Write the extent ``E`` of a vectorized loop over a runtime extent as ``min(C, E)``, ``C``
+    the most it can be (from the runtime extents' ``bounds`` and the enclosing loops' ranges).
+
+    A split whose factor covers the whole upper bound of a runtime row (a row of at most 16
+    floats split by 16) leaves ``n - o*16``: the ``min`` with the factor simplified away. The
+    codegens vectorise ``min(C, E)`` as a full vector when ``E >= C`` and vector chunks of
+    halving widths otherwise (:func:`kiln.tir.vectorize.tail_chunks`); a bare ``E`` would run
+    as a scalar loop. Loops with a constant extent or an explicit ``min`` are left alone.
+    """
+    from .simplify import Analyzer
+    from .vectorize import split_min_extent
+
+    ana = Analyzer()
+    for v, n in bounds.items():
+        ana.bind(v, 0, n)
+
+    def visit(st: Stmt) -> Stmt:
+        if not isinstance(st, For):
+            return _map_children(st, visit)
+        lo, ext = ana.const_int_bound(st.min), ana.const_int_bound(st.extent)
+        ana.bind(st.loop_var, lo[0], lo[1] + ext[1] - 1)
+        body = visit(st.body)
+        extent = st.extent
+        if st.kind == "vectorized" and not isinstance(extent, IntImm) and split_min_extent(st) is None:
+            cap = ext[1]
+            if 1 < cap <= _MAX_VECTOR_CAP:
+                extent = binary("min", IntImm(int(cap), extent.dtype), extent)
+        if body is st.body and extent is st.extent:
+            return st
+        return For(st.loop_var, st.min, extent, st.kind, body, st.annotations)
+
+    return visit(s)
 
 
 def extent_bounds(params: Sequence[Buffer]) -> dict[Var, int]:

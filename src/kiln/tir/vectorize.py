@@ -22,11 +22,11 @@ from typing import Sequence
 from .dtype import bits_of
 from .expr import BinaryOp, Call, Cast, IntImm, Load, Not, PrimExpr, Select, Var, structural_equal
 from .functor import _children, collect_vars, post_order_visit, substitute
-from .simplify import simplify
-from .stmt import Buffer, BufferStore, For, SeqStmt, Stmt
+from .simplify import simplify, simplify_stmt
+from .stmt import Buffer, BufferStore, For, IfThenElse, LetStmt, SeqStmt, Stmt
 
 __all__ = ["VectorPlan", "plan_vector_loop", "flat_index", "stride_in", "chunk_lanes", "split_min_extent",
-           "var_uses", "VECTOR_DTYPES"]
+           "tail_chunks", "var_uses", "VECTOR_DTYPES"]
 
 #: Element types the vector paths handle; other accesses keep the scalar loop.
 VECTOR_DTYPES = ("float32", "float64", "int32", "int64")
@@ -264,3 +264,39 @@ def split_min_extent(s: For) -> tuple[int, PrimExpr] | None:
     if isinstance(e.b, IntImm) and not isinstance(e.a, IntImm):
         return e.b.value, e.a
     return None
+
+
+def tail_chunks(s: For, full: int, bound: PrimExpr) -> Stmt:
+    """The partial last tile of a vectorized loop of extent ``min(full, bound)``, for
+    ``bound < full``: vectorized loops of the powers of two below ``full``, largest first,
+    each run when that many positions are left (``16 + 8 + 2`` for 26 of 32; the last, of one
+    position, is plain code). A runtime row of 14 floats thus costs three vector chunks instead
+    of 14 scalar iterations; the codegens emit each chunk like any constant-extent vector loop.
+    """
+    v, lo = s.loop_var, s.min
+    n = Var(f"{v.name}_left", v.dtype)
+    widths = []
+    w = 1
+    while w * 2 < full:
+        w *= 2
+    while w >= 1:
+        widths.append(w)
+        w //= 2
+
+    def chunk(at: PrimExpr, w: int) -> Stmt:
+        if w == 1:
+            return simplify_stmt(substitute(s.body, {v: at}))
+        i = Var(f"{v.name}_c{w}", v.dtype)
+        return For(i, IntImm(0, v.dtype), IntImm(w, v.dtype), "vectorized", substitute(s.body, {v: at + i}))
+
+    def rest(k: int, at: PrimExpr, done: PrimExpr) -> Stmt:
+        w = widths[k]
+        left = simplify(n - done)
+        step = IfThenElse(left >= w, chunk(at, w))
+        if k + 1 == len(widths):
+            return step
+        nxt = Var(f"{v.name}_o{w}", v.dtype)
+        taken = Select(left >= w, IntImm(w, v.dtype), IntImm(0, v.dtype))
+        return SeqStmt([step, LetStmt(nxt, simplify(done + taken), rest(k + 1, lo + nxt, nxt))])
+
+    return LetStmt(n, bound, rest(0, lo, IntImm(0, v.dtype)))

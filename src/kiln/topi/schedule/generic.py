@@ -110,7 +110,15 @@ def schedule_injective_stage(s: te.Schedule, st: te.Stage, vec: int = VEC) -> No
         return
     k = _vector_block(s, st, vec)
     if k < len(axes):
-        outer = st.fuse(*axes[:-k])
+        # in the padded layout of dynamic dims, a dynamic axis fused below another one makes
+        # the fused loop run its upper bound with a guard per row (``(b*C + c)*H_ub + h``
+        # skips H_ub - h_rt rows of every channel): fuse the outer axes only up to the first
+        # such axis and leave the rest as loops of their own, which stop at their runtime extents
+        dyn = next((t.dyn for t in st.op.outputs if getattr(t, "dyn", None)), None)
+        cut = len(axes) - k
+        if dyn is not None:
+            cut = next((i for i in range(1, cut) if dyn[i] is not None), cut)
+        outer = st.fuse(*axes[:cut]) if cut > 1 else axes[0]
         _, xi = st.split(st.fuse(*axes[-k:]), factor=vec)
         st.vectorize(xi)
         if _parallel_ok(total):
@@ -186,14 +194,24 @@ def _vector_block(s: te.Schedule, st: te.Stage, vec: int) -> int:
       least ``vec`` elements, else the fewest trailing axes, at least ``vec`` elements, whose
       reads stay contiguous (a channel shuffle's H*W rows) — flattening those would turn every
       read into a gather.
+    * With dynamic dims, never across one: the static axes after the last dynamic one when
+      their reads are contiguous, else the last axis alone.
     """
     axes = list(st.op.axis)
     n = len(axes)
     last = axes[-1].dom_extent
-    dyn = any(getattr(t, "dyn", None) for t in st.op.outputs)
-    if last >= vec and (last % vec == 0 or dyn or n == 1):
+    dyn = next((t.dyn for t in st.op.outputs if getattr(t, "dyn", None)), None)
+    if dyn is not None:
+        # a dynamic dim's rows are padded to its upper bound: a flat loop across it would
+        # test every element against the runtime extents, so the vector loop stays inside the
+        # trailing static axes, or is the last axis itself (its runtime tail in vector chunks)
+        inner = n - 1 - max(i for i, d in enumerate(dyn) if d is not None)
+        if inner <= 1 or (last >= vec and last % vec == 0):
+            return 1
+        return inner if _reads_linear(_inlined_loads(s, st), axes, inner) else 1
+    if last >= vec and (last % vec == 0 or n == 1):
         return 1
-    if dyn or n == 1:
+    if n == 1:
         return n
     loads = _inlined_loads(s, st)
     if _reads_linear(loads, axes, n):

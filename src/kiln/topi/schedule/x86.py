@@ -178,8 +178,9 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
         anchor.reorder(*anchor.op.reduce_axis, dn)
         anchor.vectorize(dn)
         return
-    m = axes[-2]
-    batch = axes[:-2]
+    r = _row_axis(out, mt)
+    m = axes[r]
+    batch = [a for i, a in enumerate(axes[:-1]) if i != r]
     mm = m.dom_extent
     mt = max(1, min(mt, mm))
     mo, mi = out.split(m, factor=mt)
@@ -195,8 +196,8 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
     out.vectorize(ni)
     anchor.compute_at(out, mo)
     da = list(anchor.op.axis)
-    dm, dn = da[-2], da[-1]
-    anchor.reorder(*da[:-2], *anchor.op.reduce_axis, dm, dn)
+    dm, dn = da[r], da[-1]
+    anchor.reorder(*[a for i, a in enumerate(da[:-1]) if i != r], *anchor.op.reduce_axis, dm, dn)
     if mt > 1:
         anchor.unroll(dm)
     anchor.vectorize(dn)
@@ -206,6 +207,24 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
             _pack_panel_rows(pack)  # panels of W's rows (dense reads W[n, k])
         else:
             pack.vectorize(pack.op.axis[-1])  # matmul's B[k, n]: a panel row is contiguous
+
+
+def _row_axis(out: te.Stage, mt: int) -> int:
+    """The output axis a GEMM's register tile runs its rows along: the last but one, unless
+    that is a dynamic dim and a static one before it has at least ``mt`` rows.
+
+    A sequence-first product ``(seq, batch, K) x (K, N)`` (``nn.MultiheadAttention``'s layout,
+    ViT) with a dynamic ``batch``: tiling the batch rows computes a whole tile for one valid row
+    at batch 1 and streams the weight panel once per sequence position (ViT-B/16 at batch 1:
+    6x its static kernel); tiling ``seq`` keeps the static build's reuse of every panel.
+    """
+    axes = list(out.op.axis)
+    r = len(axes) - 2
+    dyn = next((t.dyn for t in out.op.outputs if getattr(t, "dyn", None)), None)
+    if dyn is None or dyn[r] is None:
+        return r
+    static = [i for i in range(r) if dyn[i] is None and axes[i].dom_extent >= mt]
+    return static[-1] if static else r
 
 
 def _pack_panel_rows(pack: te.Stage) -> None:
