@@ -7,12 +7,14 @@ for float64 data).
 On CPU targets the per-column and per-row source indices and weights are computed once into
 small tables (stages tagged :data:`TAG_TABLE`, which schedules keep materialised) instead of
 once per output element: the float64 coordinate math per element made DeepLabV3's 21-channel
-upsample to 224x224 cost 4.2 ns per output element (4.4 ms) on Zen 3.
+upsample to 224x224 cost 4.2 ns per output element (4.4 ms) on Zen 3; 1.40 ms against 0.87 ms
+with tables on Zen 5 (``bench/bench_resize.py --cases deeplab --variants untabled,fused``).
 
 A static bilinear upsample in H is separable (:func:`_separable_linear`): each input row is
 interpolated to the output width once, then output rows are lerps of two such rows, read
 contiguously; the fused form's four gathered reads per output cost DeepLabV3's upsample
-[1, 21, 14, 14] -> 224 x 224 860 us on Zen 5 (AVX-512, 1 thread), the two passes 44 us.
+[1, 21, 14, 14] -> 224 x 224 861-938 us on Zen 5 (AVX-512, 1 thread), the two passes 45-49 us
+(``python bench/bench_resize.py --threads 1``; three runs on a shared machine).
 
 A dynamic H or W (``docs/dynamic_shapes.md``) resizes by its rational scale: the output's
 runtime extent is ``(p * n) // q``, source indices clamp to the input's runtime extent (never
@@ -170,7 +172,7 @@ def resize2d(data: te.Tensor, size: tuple[int, int], scales: tuple[float, float]
     ty0, ty1, tfy = axis(hr, oh, ohr, sy, "y")
     tx0, tx1, tfx = axis(wr, ow, owr, sx, "x")
     one = te.const(1.0, cd)
-    if tables and _separable(data, oh):
+    if tables and _separable(data, hr, wr, oh):
         return _separable_linear(data, (oh, ow), (ty0, ty1, tfy), (tx0, tx1, tfx), cd,
                                  _phase_weights(w, ow, sx, coord_mode, cd))
 
@@ -185,17 +187,17 @@ def resize2d(data: te.Tensor, size: tuple[int, int], scales: tuple[float, float]
     return te.compute((n, ch, oh, ow), lbody, name="resize2d", tag=TAG_INJECTIVE, attrs=attrs)
 
 
-def _separable(data: te.Tensor, oh: int) -> bool:
+def _separable(data: te.Tensor, h: Any, w: Any, oh: int) -> bool:
     """Whether a bilinear resize of ``data`` to ``oh`` rows takes :func:`_separable_linear`.
 
-    Static shapes only (a dynamic H / W keeps the fused form and its runtime clamps), and not
-    a downscale in H: the horizontal pass runs once per *input* row, which only saves work
-    when there are at most as many input rows as output rows.
+    ``h``, ``w``: the runtime extents of ``data``'s H and W (:func:`spatial_extents`). Static
+    shapes only (a dynamic H / W keeps the fused form and its runtime clamps, and so does a
+    dynamic batch), and not a downscale in H: the horizontal pass runs once per *input* row,
+    which only saves work when there are at most as many input rows as output rows.
     """
-    if data.dyn is not None and any(d is not None for d in data.dyn):
+    if not (isinstance(h, int) and isinstance(w, int)) or any(d is not None for d in (data.dyn or ())[:2]):
         return False
-    h = data.shape[2]
-    return isinstance(h, int) and isinstance(oh, int) and h <= oh
+    return isinstance(oh, int) and h <= oh
 
 
 def _phase_weights(w: Any, ow: int, scale: float, mode: str, cd: str) -> tuple[int, Any, Any, Any] | None:
@@ -207,9 +209,10 @@ def _phase_weights(w: Any, ow: int, scale: float, mode: str, cd: str) -> tuple[i
     them zero) that depend on the phase ``p`` only, so a run of ``s`` outputs reads three
     source pixels, each broadcast, instead of gathering two per output. At the borders the
     column indices clamp, which gives the clamped coordinate's value (a lerp of equal pixels).
-    DeepLabV3's x16 upsample: 72 -> 45 us with it; a x2 of [1, 64, 56, 56]: 205 -> 106 us
-    (``llvm -mcpu=native``, Zen 5, 1 thread; with the C target and its 2-lane vectors that x2
-    is 7% slower, 217 -> 233 us, still 3x faster than the fused form).
+    DeepLabV3's x16 upsample: 71-75 -> 45-49 us with it; a x2 of [1, 64, 56, 56]: 205-212 ->
+    109-113 us (``llvm -mcpu=native``, Zen 5, 1 thread; with the C target and its 2-lane vectors
+    that x2 is 7-9% slower, 223-228 -> 239-249 us, still 3.3x faster than the fused form);
+    ``python bench/bench_resize.py --threads 1 [--target c]``, columns gathered / separable.
     """
     if not isinstance(w, int) or ow != w * int(scale) or float(int(scale)) != scale or int(scale) < 2 \
             or ow < 2 or mode not in ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "asymmetric"):

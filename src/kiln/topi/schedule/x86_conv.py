@@ -235,8 +235,6 @@ def schedule_blocked_copy(s: te.Schedule, st: te.Stage) -> None:
     """
     axes = list(st.op.axis)
     last = axes[-1].dom_extent if axes else 0
-    if _transpose_copy(st):
-        return
     if len(axes) < 2 or not 2 <= last <= 64:
         schedule_injective_stage(s, st)
         return
@@ -264,7 +262,11 @@ def schedule_blocked_copy(s: te.Schedule, st: te.Stage) -> None:
 
 def _transpose_copy(st: te.Stage) -> bool:
     """A layout transform between NCHW and a channel-blocked layout, scheduled as small 2-D
-    transposes of scalar moves; False for any other stage.
+    transposes of scalar moves; False (nothing scheduled) for any other pair of layouts.
+
+    ``st`` is a ``layout_transform`` compute by construction (:func:`schedule_layout_transform`
+    calls this on its group's output): the checks here are on ranks and blocks only, which,
+    say, a reshape to or from 5-D could pass as well.
 
     One side of such a copy is strided whatever axis is vectorised: a 16-lane vector along
     the block is a gather from 16 NCHW planes, one along the width a gather at the block's
@@ -274,7 +276,7 @@ def _transpose_copy(st: te.Stage) -> bool:
     (``KILN_CACHE=0 KILN_NUM_THREADS=1 python bench/bench_layout_transform.py
     NCHW32c:NCHW:1,4,56,56,32 NCHW:NCHW32c:1,128,56,56``, the tree before and after).
     """
-    if st.op.name != "layout_transform" or len(st.op.input_tensors) != 1:
+    if len(st.op.input_tensors) != 1:
         return False
     src = st.op.input_tensors[0]
     axes = list(st.op.axis)
@@ -337,12 +339,17 @@ def _make(isa_of_target: Any) -> Any:
 
 
 def schedule_layout_transform(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
-    """A ``layout_transform`` group (with any elementwise ops fused before it)."""
+    """A ``layout_transform`` group: the op alone (it is OPAQUE, nothing fuses into it).
+
+    Its output stage is the ``layout_transform`` compute: NCHW <-> blocked transposes get
+    :func:`_transpose_copy`, other layout pairs :func:`schedule_blocked_copy`.
+    """
     s = prepare(outs)
     handled: set[int] = set()
     for st in s.stages:
         if isinstance(st.op, te.ComputeOp) and st.is_output and not st.op.reduce_axis:
-            schedule_blocked_copy(s, st)
+            if not _transpose_copy(st):
+                schedule_blocked_copy(s, st)
             handled.add(id(st.op))
     return finalize(s, handled, vector_elements(target))
 
@@ -415,7 +422,7 @@ def _conv_tiles(out: te.Stage, anchor: te.Stage, depthwise: bool, lanes: int, re
     anchor.vectorize(cx)
 
 
-def _conv_root(anchor: te.Stage, lanes: int) -> None:
+def _conv_root(anchor: te.Stage) -> None:
     """Anchor without a fusable epilogue: plain parallel loops, reduction innermost."""
     n, k, y, x = anchor.op.axis
     outer = anchor.fuse(n, k, y)
@@ -424,11 +431,14 @@ def _conv_root(anchor: te.Stage, lanes: int) -> None:
         anchor.parallel(outer)
 
 
-def _make_conv_schedule(lanes_of: Any) -> Any:
+def _make_conv_schedule(isa_of_target: Any) -> Any:
+    """The plain-layout conv schedule; ``isa_of_target(target) -> ISA`` gives lanes and registers."""
+
     def schedule_conv2d(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
         """conv2d / depthwise / transposed conv with a fused epilogue (bias, activation, residual)."""
         s = prepare(outs)
-        lanes, registers = lanes_of(target)
+        isa = isa_of_target(target)
+        lanes, registers = isa.lanes("float32"), isa.vector_registers
         anchor = _find(s, (TAG_CONV2D, TAG_DEPTHWISE, TAG_CONV2D_T))
         handled: set[int] = set()
         if anchor is not None:
@@ -437,7 +447,7 @@ def _make_conv_schedule(lanes_of: Any) -> Any:
                 _conv_tiles(out, anchor, anchor.op.tag != TAG_CONV2D, lanes, registers)
                 handled.update({id(out.op), id(anchor.op)})
             else:
-                _conv_root(anchor, lanes)
+                _conv_root(anchor)
                 handled.add(id(anchor.op))
         _keep_root_helpers(s, handled, vector_elements(target))
         return finalize(s, handled, vector_elements(target))
@@ -446,18 +456,13 @@ def _make_conv_schedule(lanes_of: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- registrations
-def _lanes(target: Any) -> tuple[int, int]:
-    isa = schedule_isa(target)
-    return isa.lanes("float32"), isa.vector_registers
-
-
 # ``generic`` (a kind without schedules of its own, whose ISA is unknown): the no-target model
-schedule_conv2d = _make_conv_schedule(lambda t: _lanes(None))
+schedule_conv2d = _make_conv_schedule(lambda t: schedule_isa(None))
 schedule_conv2d_nchwc = _make(lambda t: schedule_isa(None))
 
 for _op in ("conv2d", "conv2d_transpose"):
     register_schedule(_op, "generic", schedule_conv2d)
-    register_schedule(_op, ["c", "llvm"], _make_conv_schedule(_lanes))
+    register_schedule(_op, ["c", "llvm"], _make_conv_schedule(schedule_isa))
 
 register_schedule("conv2d_nchwc", "generic", schedule_conv2d_nchwc)
 register_schedule("conv2d_nchwc", ["c", "llvm"], _make(schedule_isa))
