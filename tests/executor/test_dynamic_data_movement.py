@@ -20,7 +20,7 @@ from kiln.ir.sym_rules import same_padded_layout
 from kiln.ir.types import TensorType
 
 RNG = np.random.default_rng(5)
-C = 12
+C = 40  # 2*C >= 64 rows of the transpose keep the threads busy (fuse_outer)
 
 
 def _shuffle_graph() -> ir.Graph:
@@ -127,3 +127,22 @@ def test_sequence_first_dense_at_every_batch(target):
         xv = RNG.standard_normal((37, b, 48)).astype(np.float32)
         m.run(x=xv)
         np.testing.assert_allclose(m.get_output(0).numpy(), xv @ w.T, rtol=1e-5, atol=1e-5, err_msg=f"batch {b}")
+
+
+def test_batched_matmul_keeps_its_rows_on_the_dynamic_dim():
+    """(heads, s, d) x (heads, d, s): every head has its own right-hand matrix, so tiling the
+    static heads axis would reuse nothing; the tile stays on the rows (s) at their runtime extent."""
+    g = ir.Graph("bmm")
+    g.declare_dim("s", 1, 40)
+    q = g.add_input("q", (16, "s", 8))
+    k = g.add_input("k", (16, 8, "s"))
+    g.outputs = [g.add("matmul", q, k)]
+    text = kiln.driver.lower(g, target="llvm -mcpu=skylake-avx512").dump()
+    kernel = text[text.index("def kilngen_default_fused_matmul"):]
+    assert "(s_rt + " in kernel, kernel  # the row tiles: ceil(s / tile)
+    m = kiln.GraphModule(kiln.build(g, target="llvm")["default"](kiln.cpu()))
+    for s in (40, 3, 17):
+        qv = RNG.standard_normal((16, s, 8)).astype(np.float32)
+        kv = RNG.standard_normal((16, 8, s)).astype(np.float32)
+        m.run(q=qv, k=kv)
+        np.testing.assert_allclose(m.get_output(0).numpy(), qv @ kv, rtol=1e-5, atol=1e-5, err_msg=f"s = {s}")

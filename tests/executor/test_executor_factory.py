@@ -164,3 +164,18 @@ def test_debug_create_from_factory(factory, tmp_path):
     d.run(x=np.zeros(SHAPE, "float32"))
     np.testing.assert_allclose(d.get_output(0).numpy(), 1 + W, rtol=1e-6)
     np.testing.assert_allclose(d.debug_get_output("t").numpy(), np.ones(SHAPE), rtol=1e-6)
+
+
+def test_debug_dumps_in_a_default_directory_go_with_the_module(factory, tmp_path):
+    """run() writes every node's outputs; the temporary directory made for them is removed when
+    the module is freed, one given by the caller is kept."""
+    d = factory.debug_create("default", kiln.cpu())
+    d.run(x=np.zeros(SHAPE, "float32"))
+    dump = d.dump_dir
+    assert os.listdir(dump)
+    kept = factory.debug_create("default", kiln.cpu(), dump_root=str(tmp_path))
+    kept.run(x=np.zeros(SHAPE, "float32"))
+    del d, kept
+    gc.collect()
+    assert not os.path.exists(dump)
+    assert os.listdir(tmp_path / "_kiln_debug")

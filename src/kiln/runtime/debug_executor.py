@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import statistics
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -122,14 +124,18 @@ class GraphModuleDebug(GraphModule):
     ----------
     module : GraphExecutor or GraphModule
     dump_root : str, optional
-        Directory for :meth:`run` dumps (created if needed; default a new temporary one).
-        Dumps go to ``<dump_root>/_kiln_debug/``.
+        Directory for :meth:`run` dumps (created if needed). Default: a new temporary one,
+        removed when this module is freed (give a directory to keep the dumps). Dumps go to
+        ``<dump_root>/_kiln_debug/``.
     """
 
     def __init__(self, module: Any, dump_root: str | os.PathLike | None = None) -> None:
         super().__init__(module)
         if dump_root is None:
+            # ours, so removed with this module: every run() writes each node's outputs there
+            # (gigabytes for a large model), and a script making many modules would fill /tmp
             dump_root = tempfile.mkdtemp(prefix="kiln_debug_")
+            weakref.finalize(self, shutil.rmtree, dump_root, ignore_errors=True)
         self.dump_root = os.fspath(dump_root)
         self._node_outputs: dict[int, list[np.ndarray]] = {}
         self._last_times: dict[int, tuple[float, float]] = {}  # nid -> (start s, duration s)

@@ -28,7 +28,7 @@ from ..util import is_injective_stage, prod
 
 __all__ = [
     "VEC", "PARALLEL_MIN", "vector_elements", "prepare", "readers_after_inline", "schedule_injective_stage",
-    "schedule_reduce_stage", "attach_to_output", "schedule_injective", "schedule_reduce", "finalize",
+    "schedule_reduce_stage", "attach_to_output", "schedule_injective", "schedule_reduce", "finalize", "fuse_outer",
 ]
 
 #: Innermost split of vectorised loops (elements) when no CPU target is known: two AVX2
@@ -110,15 +110,7 @@ def schedule_injective_stage(s: te.Schedule, st: te.Stage, vec: int = VEC) -> No
         return
     k = _vector_block(s, st, vec)
     if k < len(axes):
-        # in the padded layout of dynamic dims, a dynamic axis fused below another one makes
-        # the fused loop run its upper bound with a guard per row (``(b*C + c)*H_ub + h``
-        # skips H_ub - h_rt rows of every channel): fuse the outer axes only up to the first
-        # such axis and leave the rest as loops of their own, which stop at their runtime extents
-        dyn = next((t.dyn for t in st.op.outputs if getattr(t, "dyn", None)), None)
-        cut = len(axes) - k
-        if dyn is not None:
-            cut = next((i for i in range(1, cut) if dyn[i] is not None), cut)
-        outer = st.fuse(*axes[:cut]) if cut > 1 else axes[0]
+        outer = fuse_outer(st, axes[:-k])
         _, xi = st.split(st.fuse(*axes[-k:]), factor=vec)
         st.vectorize(xi)
         if _parallel_ok(total):
@@ -132,6 +124,30 @@ def schedule_injective_stage(s: te.Schedule, st: te.Stage, vec: int = VEC) -> No
             st.parallel(fo)
     elif _parallel_ok(total):
         st.parallel(fused)
+
+
+def fuse_outer(st: te.Stage, axes: Sequence[te.IterVar]) -> te.IterVar:
+    """Fuse ``axes`` (leading axes of ``st``, in order) into one loop to run in parallel.
+
+    In the padded layout of dynamic dims, a dynamic axis fused below another one makes the
+    fused loop run its upper bound with a guard per row (``(b*C + c)*H_ub + h`` skips
+    ``H_ub - h_rt`` rows of every channel): the axes are fused only up to the first such
+    axis, the rest stay loops of their own, which stop at their runtime extents. A dynamic
+    first axis is fine (the fused loop then runs ``n_rt * rest`` times).
+    """
+    dyn = next((t.dyn for t in st.op.outputs if getattr(t, "dyn", None)), None)
+    cut = len(axes)
+    if dyn is not None:
+        cut = next((i for i in range(1, cut) if dyn[i] is not None), cut)
+        # ... unless that leaves too few parallel iterations (a blocked layout's two channel
+        # blocks at batch 1): then the guarded rows are the price of using the threads
+        if prod(axes[i].dom_extent for i in range(1 if dyn[0] is not None else 0, cut)) < _MIN_PARALLEL_ROWS:
+            cut = len(axes)
+    return st.fuse(*axes[:cut]) if cut > 1 else axes[0]
+
+
+#: Static iterations :func:`fuse_outer` keeps in a parallel loop before it stops at a dynamic axis.
+_MIN_PARALLEL_ROWS = 64
 
 
 def _inlined_loads(s: te.Schedule, st: te.Stage) -> list[ProducerLoad]:

@@ -178,7 +178,7 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
         anchor.reorder(*anchor.op.reduce_axis, dn)
         anchor.vectorize(dn)
         return
-    r = _row_axis(out, mt)
+    r = _row_axis(out, anchor, mt)
     m = axes[r]
     batch = [a for i, a in enumerate(axes[:-1]) if i != r]
     mm = m.dom_extent
@@ -209,9 +209,10 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
             pack.vectorize(pack.op.axis[-1])  # matmul's B[k, n]: a panel row is contiguous
 
 
-def _row_axis(out: te.Stage, mt: int) -> int:
+def _row_axis(out: te.Stage, anchor: te.Stage, mt: int) -> int:
     """The output axis a GEMM's register tile runs its rows along: the last but one, unless
-    that is a dynamic dim and a static one before it has at least ``mt`` rows.
+    that is a dynamic dim, the right-hand matrix is one for all rows (a dense's weight, a 2-D
+    matmul operand) and a static dim before it has at least ``mt`` rows.
 
     A sequence-first product ``(seq, batch, K) x (K, N)`` (``nn.MultiheadAttention``'s layout,
     ViT) with a dynamic ``batch``: tiling the batch rows computes a whole tile for one valid row
@@ -223,6 +224,9 @@ def _row_axis(out: te.Stage, mt: int) -> int:
     dyn = next((t.dyn for t in out.op.outputs if getattr(t, "dyn", None)), None)
     if dyn is None or dyn[r] is None:
         return r
+    rhs = anchor.op.input_tensors[1] if len(anchor.op.input_tensors) > 1 else None
+    if anchor.op.tag != TAG_DENSE and (rhs is None or len(rhs.shape) != 2):
+        return r  # a batched product: each leading index has its own matrix, nothing to reuse
     static = [i for i in range(r) if dyn[i] is None and axes[i].dom_extent >= mt]
     return static[-1] if static else r
 

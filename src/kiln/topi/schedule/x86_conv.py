@@ -41,7 +41,7 @@ from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
 from ..nn.conv2d_nchwc import TAG_CONV2D_NCHWC, TAG_DEPTHWISE_NCHWC, TAG_POOL_NCHWC
 from ..registry import register_schedule
 from ..util import prod
-from .generic import PARALLEL_MIN, finalize, prepare, schedule_injective_stage, vector_elements
+from .generic import PARALLEL_MIN, finalize, fuse_outer, prepare, schedule_injective_stage, vector_elements
 from .x86 import _find, _keep_root_helpers, _single_output_epilogue, schedule_isa
 
 __all__ = ["schedule_conv2d", "schedule_conv2d_nchwc", "schedule_layout_transform", "schedule_blocked_copy",
@@ -242,7 +242,7 @@ def schedule_blocked_copy(s: te.Schedule, st: te.Stage) -> None:
     if len(axes) >= 3:
         # (a fused IterVar has no extent until bound: count the outer iterations here)
         outer_extent = prod(iv.dom_extent for iv in axes[:-2])
-        outer = st.fuse(*axes[:-2])
+        outer = fuse_outer(st, axes[:-2])
         if total >= PARALLEL_MIN and outer_extent > 1:
             st.parallel(outer)
     elif total >= PARALLEL_MIN:
@@ -285,7 +285,7 @@ def _transpose_copy(st: te.Stage) -> bool:
         n, c, h, w = axes  # blocked -> NCHW: rows of one block's channels, one pixel at a time
         co, ci = st.split(c, factor=src.shape[-1])
         st.reorder(n, co, h, w, ci)
-        outer = st.fuse(n, co, h)
+        outer = fuse_outer(st, [n, co, h])
         st.unroll(ci)
     elif len(axes) == 5 and len(src.shape) == 4 and axes[-1].dom_extent >= 4:
         n, cb, h, w, ci = axes  # NCHW -> blocked: a few pixels of a whole block
@@ -293,7 +293,7 @@ def _transpose_copy(st: te.Stage) -> bool:
         wt = next((f for f in (8, 7, 4, 2) if width % f == 0), 1)
         wo, wi = st.split(w, factor=wt)
         st.reorder(n, cb, h, wo, wi, ci)
-        outer = st.fuse(n, cb, h)
+        outer = fuse_outer(st, [n, cb, h])
         st.unroll(wi)
         st.unroll(ci)
     else:
