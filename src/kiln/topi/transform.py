@@ -307,11 +307,17 @@ def scatter_elements(attrs: dict, inputs: list, out_types: list) -> list:
 
     found = cast(te.Tensor, te.compute(tuple(x.shape), found_body, name="scatter_elements_src", tag=TAG_SCATTER))
 
+    # the updates' axis may be dynamic (torchvision's RoI pooling scatters each FPN level's
+    # NonZero-selected rows back): found < its runtime extent always holds, and saying so in
+    # the guard lets kiln.te.dynamic prove the read stays inside it
+    dyn = upd.dyn[axis] if upd.dyn is not None else None
+
     def body(*p: Any) -> Any:
         f = load(found, p)
         src = list(p)
         src[axis] = f
-        return te.if_then_else(f >= 0, load(upd, src), load(x, p))
+        ok = f >= 0 if dyn is None else te.all(f >= 0, f < dyn)
+        return te.if_then_else(ok, load(upd, src), load(x, p))
 
     return [te.compute(tuple(x.shape), body, name="scatter_elements", tag=TAG_INJECTIVE)]
 

@@ -17,7 +17,10 @@ may read outer values with symbolic dims: its IR graph declares the enclosing gr
 (same names and ranges) and the executor hands it their values at run time; each output of an
 ``If`` must have the same dims in both branches, and a ``Loop``-carried value the same dims at
 every iteration. Refused: outer values with data-dependent dims, and symbols declared inside
-the subgraph itself (a ``NonZero`` in a branch). A runtime ``Loop``'s scan outputs get a
+the subgraph itself (a ``NonZero`` in a branch); except that an ``If`` reading data-dependent
+values one of whose branches is a constant (torchvision's ``if boxes.numel() == 0`` guard around
+NonMaxSuppression) is inlined, both branches, with each output chosen at run time
+(:func:`_speculated_if`). A runtime ``Loop``'s scan outputs get a
 data-dependent leading dim (the iteration count, a fresh symbol ``loop_<k>`` of range
 ``0..bound``): the bound is the trip count ``M`` when that is known at import (and affordable),
 else :data:`RUNTIME_LOOP_MAX_ITERATIONS`; storage is planned for it and the executor reports the
@@ -177,7 +180,13 @@ def _if(ctx: Context, node, ins, attrs):
         raise ctx.bad("the condition input is missing")
     arr = ctx.try_static(ins[0])
     if arr is None:
-        return _runtime_if(ctx, node, ins[0], attrs["then_branch"].g, attrs["else_branch"].g)
+        then_b, else_b = attrs["then_branch"].g, attrs["else_branch"].g
+        # values with data-dependent dims cannot cross into a nested graph (check_outer_dims);
+        # a guard (one branch a constant) is still convertible by running the other branch
+        # unconditionally
+        if _reads_data_dependent(ctx, [then_b, else_b]) and (_is_guard(ctx, then_b) or _is_guard(ctx, else_b)):
+            return _speculated_if(ctx, node, ins[0], then_b, else_b)
+        return _runtime_if(ctx, node, ins[0], then_b, else_b)
     flat = np.asarray(arr).reshape(-1)
     if flat.size != 1:
         raise ctx.bad(f"the condition must hold one element, it has {flat.size}")
@@ -436,6 +445,90 @@ def _runtime_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Value]:
                                   "a runtime If needs the same dtype and the same (symbolic) shape in both branches")
     ins = [cond] + [v for _, v in captures if not v.is_constant]
     return ctx.emit("if", ins, {"then_branch": Subgraph(then_g), "else_branch": Subgraph(else_g)})
+
+
+def _reads_data_dependent(ctx: Context, graphs) -> bool:
+    """Whether the subgraphs read an outer value with a data-dependent dim."""
+    data = set(ctx.graph.data_dims)
+    for g in graphs:
+        for name in _free_names(g):
+            v = ctx.env.get(name)
+            if isinstance(v, Value) and sym.dims_symbols(v.type.dims) & data:
+                return True
+    return False
+
+
+def _is_guard(ctx: Context, graph) -> bool:
+    """Whether an If branch reads nothing computed at run time (its outputs are import-time
+    constants: the ``return torch.empty(0)`` of a ``numel() == 0`` guard)."""
+    if any(a.HasField("g") or len(a.graphs) for n in graph.node for a in n.attribute):
+        return False
+    for name in _free_names(graph):
+        v = ctx.env.get(name)
+        if not (isinstance(v, Value) and v.is_constant):
+            return False
+    return True
+
+
+def _speculated_if(ctx: Context, node, cond: Value, then_b, else_b) -> list[Value]:
+    """A runtime ``If`` with data-dependent dims, one of whose branches is a guard
+    (:func:`_is_guard`): both branches are inlined, and each output is chosen at run time.
+
+    torchvision's ``batched_nms`` is ``if boxes.numel() == 0: return empty else: nms(...)`` over
+    the data-dependent candidates of a detection head. The IR ``if`` node cannot take those
+    (nested graphs take input-bound symbols only: :func:`check_outer_dims`), but the guard
+    branch costs nothing, so the other branch runs unconditionally and its result is kept only
+    when ``cond`` selects it. That branch therefore also runs on the inputs the guard excludes
+    (empty candidates, for which every Kiln kernel computes an empty result); a kernel of it
+    that fails at run time on such an input fails the model. Used only for Ifs that read
+    data-dependent values; an If whose branch merely declares a data-dependent dim of its own
+    stays refused.
+
+    An output with the same dims in both branches is a ``where``; one whose leading dim differs
+    (the empty constant against NonMaxSuppression's count) is the rows of the chosen branch,
+    ``compress`` by the broadcast condition (or its negation) concatenated along axis 0, a fresh
+    data-dependent dim.
+    """
+    if cond.type.size != 1:
+        raise ctx.bad(f"the condition must hold one element, it has {cond.type.size}")
+    for b, what in ((then_b, "then_branch"), (else_b, "else_branch")):
+        if len(b.output) != len(node.output):
+            raise ctx.bad(f"{what} has {len(b.output)} outputs, the node {len(node.output)}")
+    if cond in ctx.sym_values:
+        cond = ctx.materialize(cond, "it is the condition of a runtime If")
+    cond = ctx.reshape(ctx.cast(cond, "bool"), ())
+    branches = [_run_subgraph(ctx, node, b, {t.name: ctx.const(tensor_to_array(t)) for t in b.initializer}, {},
+                              what="branch") for b in (then_b, else_b)]
+    not_cond = ctx.emit1("logical_not", cond)
+    outs = []
+    for k, (a, b) in enumerate(zip(*branches)):
+        name = node.output[k] if k < len(node.output) else str(k)
+        if not (isinstance(a, Value) and isinstance(b, Value)) or a.dtype != b.dtype:
+            raise ctx.unsupported(f"output {k} ({name!r}) is {a} in then_branch but {b} in else_branch; a runtime "
+                                  "If over data-dependent dims chooses between two tensors of one dtype")
+        da, db = ctx.dims(a), ctx.dims(b)
+        if da == db:
+            outs.append(ctx.emit1("where", cond, a, b))
+            continue
+        if len(da) != len(db) or not da or da[1:] != db[1:]:
+            raise ctx.unsupported(f"output {k} ({name!r}) is {a.type} in then_branch but {b.type} in else_branch; "
+                                  "a runtime If over data-dependent dims needs the same dims in both branches, "
+                                  "or dims that differ in the leading one only")
+        rows = [_rows_if(ctx, v, c) for v, c in ((a, cond), (b, not_cond)) if v.shape[0] > 0]
+        if not rows:  # both empty: the leading dims are 0 in both branches
+            outs.append(ctx.emit1("identity", a))
+        else:
+            outs.append(rows[0] if len(rows) == 1 else ctx.emit1("concatenate", *rows, axis=0))
+    return outs
+
+
+def _rows_if(ctx: Context, v: Value, cond: Value) -> Value:
+    """All rows (axis 0) of ``v`` when the scalar ``cond`` holds, none otherwise: a ``compress``
+    whose condition is ``cond`` broadcast to the upper bound of the rows (the kernel stops at
+    their runtime extent), so the result has a data-dependent leading dim."""
+    mask = ctx.emit1("broadcast_to", cond, shape=(v.shape[0],))
+    d = _fresh_dim(ctx, "if", v.shape[0])
+    return ctx.emit("compress", [v, mask], {"axis": 0, "out_dim": d})[0]
 
 
 def _runtime_loop(ctx: Context, node, body, m_v: Value | None, cond_v: Value | None,

@@ -88,8 +88,9 @@ def _nms(ctx: Context, node: Any, ins: list, attrs: dict) -> Any:
         raise ctx.bad(f"center_point_box must be 0 or 1, got {center}")
     if boxes.type.ndim != 3 or scores.type.ndim != 3:
         raise ctx.bad(f"boxes and scores must be 3-D, got {boxes.shape} and {scores.shape}")
-    if ctx.is_dynamic(boxes) or ctx.is_dynamic(scores):
-        raise ctx.unsupported("boxes or scores with symbolic dims")
+    if ctx.dims(boxes)[:2] != ctx.dims(scores)[::2] or ctx.dims(boxes)[2] != 4:
+        raise ctx.bad(f"boxes must be (batch, boxes, 4) and scores (batch, classes, boxes), got dims "
+                      f"{ctx.dims(boxes)} and {ctx.dims(scores)}")
     thr = None if thr is None else float(thr)
     bv, sv = ctx.try_static(boxes), ctx.try_static(scores)
     if bv is not None and sv is not None:
@@ -122,8 +123,8 @@ def _topk(ctx: Context, node: Any, ins: list, attrs: dict) -> Any:
     if k.type.size != 1:
         raise ctx.bad(f"input 'K' must hold one value, got shape {k.shape}")
     axis = ctx.axis(attrs.get("axis", -1), x.type.ndim)
-    if isinstance(x.type.dims[axis], str):
-        raise ctx.unsupported(f"a run-time K along the symbolic dim {x.type.dims[axis]!r}")
+    # the axis may be symbolic (torchvision's detection heads take the top min(k, n) of the
+    # n = NonZero count scores above a threshold): the kernel scans the runtime extent
     d = _fresh_dim(ctx, "topk", x.shape[axis])
     return ctx.emit("topk_runtime_k", [x, ctx.cast(k, "int64")],
                     {"axis": axis, "largest": bool(attrs.get("largest", 1)),

@@ -38,9 +38,31 @@ def _constant_of_shape(ctx: Context, node, ins, attrs):
         # A scalar broadcast to the symbolic shape: its upper bound is stored, the runtime
         # extent is the dims.
         one = ctx.const(np.full((1,) * len(dims), value[0], dtype=value.dtype))
+        like = _data_dependent_carrier(ctx, dims)
+        if like is not None:
+            # ``full_like`` of a data-dependent count (torchvision's per-class labels): a
+            # broadcast of a constant knows its length only from its output, and fused into a
+            # Concat of such pieces (length topk_0 + topk_1 + ...) no kernel argument has it
+            # any more. Reading a value that has exactly these dims (a select whose two sides
+            # are the fill value, so its data does not matter) makes that value an argument of
+            # whatever kernel the fill ends up in.
+            return ctx.emit1("where", ctx.cast(like, "bool"), one, one)
         return _broadcast_sym(ctx, one, dims)
     ctx.check_size(dims, "the shape input")
     return ctx.const(np.full(dims, value[0], dtype=value.dtype))
+
+
+def _data_dependent_carrier(ctx: Context, dims):
+    """The latest value of the graph whose dims are exactly ``dims``, when those hold a
+    data-dependent symbol (a kernel decides it); else None."""
+    dims = tuple(sym.canonical(d) for d in dims)
+    if not sym.dims_symbols(dims) & set(ctx.graph.data_dims):
+        return None
+    for n in reversed(ctx.graph.nodes):
+        for v in n.outputs:
+            if tuple(v.type.dims) == dims:
+                return v
+    return None
 
 
 def _broadcast_sym(ctx: Context, x, dims):
@@ -378,6 +400,9 @@ def _slice_sym(ctx: Context, x, starts, ends, axes, steps):
             begin = _clamp(_from_end(b, n, ranges), n, ranges)
             end = _clamp(_from_end(e, n, ranges), n, ranges)
         except Unresolved as exc:
+            if isinstance(b, int) and isinstance(e, int) and 0 <= b and 0 <= e:
+                y = _slice_compress(ctx, y, a, b, e, s)
+                continue
             raise ctx.unsupported(f"Slice of axis {a} (extent {n}) from {b} to {e}: {exc}") from None
         length = sym.floordiv(sym.add(sym.sub(end, begin), s - 1), s)
         if sym.bounds(length, ranges)[0] < 0:
@@ -394,6 +419,21 @@ def _slice_sym(ctx: Context, x, starts, ends, axes, steps):
         idx = _index_range(ctx, begin, length, s)
         y = ctx.emit1("take", y, idx, axis=a)
     return y if y is not x else ctx.emit1("identity", x)
+
+
+def _slice_compress(ctx: Context, x, axis: int, begin: int, end: int, step: int):
+    """``x[begin:end:step]`` along a symbolic ``axis`` whose runtime extent may be shorter than
+    ``end`` (torchvision's ``keep[:detections_per_img]`` of NonMaxSuppression's count): the
+    length ``min(end, n)`` is not a dim expression, so it is a ``compress`` by the static mask
+    of the indices ``begin, begin + step, ... < end`` (a mask shorter than the axis drops its
+    tail; the kernel stops at the runtime extent), with a fresh data-dependent dim."""
+    from .ops_dynamic import _fresh_dim  # ops_dynamic imports this module
+
+    n = min(end, x.shape[axis])
+    mask = np.zeros(n, dtype=bool)
+    mask[begin:n:step] = True
+    d = _fresh_dim(ctx, "slice", int(mask.sum()))
+    return ctx.emit("compress", [x, ctx.const(mask)], {"axis": axis, "out_dim": d})[0]
 
 
 def _from_end(i, n, ranges):

@@ -118,15 +118,17 @@ def _nms_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     if scores.ndim != 3 or scores.shape[0] != boxes.shape[0] or scores.shape[2] != boxes.shape[1]:
         raise InputError(f"scores must be (batch, classes, boxes) = ({boxes.shape[0]}, C, {boxes.shape[1]}), "
                          f"got {scores.shape}")
-    if boxes.sym is not None or scores.sym is not None:
-        raise InputError("boxes and scores with symbolic dims are not supported")
+    if boxes.dims[:2] != scores.dims[::2]:
+        raise InputError(f"boxes {boxes} and scores {scores} disagree on the batch or the number of boxes")
+    # symbolic dims (the candidates of a detection head, a data-dependent count) are stored at
+    # their upper bounds, which bound the selection; the kernel loops over the runtime extents
     b, c, n = scores.shape
     per_class = max(0, min(n, attrs["max_output_boxes_per_class"]))
     return [TensorType((b * c * per_class, 3), "int64", (_name(attrs), None))]
 
 
 def _nms_sym(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[Any]:
-    raise InputError("boxes and scores with symbolic dims are not supported")
+    return [(_name(attrs), None)]
 
 
 def _iou_suppresses(a: np.ndarray, b: np.ndarray, center: int, thr: float) -> bool:
@@ -258,8 +260,8 @@ def _topk_k_rel(ts: list[TensorType], attrs: Attrs) -> list[TensorType]:
     if k.size != 1 or k.dtype not in ("int64", "int32"):
         raise InputError(f"k must hold one int64, got {k}")
     axis = norm_axis(attrs["axis"], x.ndim)
-    if x.sym is not None and x.sym[axis] is not None:
-        raise InputError(f"a run-time k along the symbolic dim {x.sym[axis]!r} is not supported")
+    # a symbolic axis is stored at its upper bound, which bounds k; the kernel checks k
+    # against the runtime extent
     d = _name(attrs)
     s = tuple(d if i == axis else (x.sym[i] if x.sym else None) for i in range(x.ndim))
     return [TensorType(x.shape, x.dtype, s), TensorType(x.shape, "int64", s)]
