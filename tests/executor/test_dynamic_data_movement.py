@@ -100,28 +100,30 @@ def test_heads_split_off_a_sequence_first_batch(target):
         np.testing.assert_allclose(m.get_output(0).numpy(), want, rtol=1e-6, atol=1e-6, err_msg=f"batch {b}")
 
 
-def _seq_first_dense() -> tuple[ir.Graph, np.ndarray]:
+def _seq_first_dense(op: str = "dense") -> tuple[ir.Graph, np.ndarray]:
     g = ir.Graph("seqfirst")
     g.declare_dim("b", 1, 8)
     x = g.add_input("x", (37, "b", 48))
     w = (RNG.standard_normal((40, 48)) * 0.2).astype(np.float32)
-    g.outputs = [g.add("dense", x, g.add_constant(w))]
+    rhs = g.add_constant(w if op == "dense" else np.ascontiguousarray(w.T))
+    g.outputs = [g.add(op, x, rhs)]
     return g, w
 
 
-def test_sequence_first_dense_tiles_the_static_rows():
+@pytest.mark.parametrize("op", ["dense", "matmul"])
+def test_sequence_first_dense_tiles_the_static_rows(op):
     """(seq, batch, K) x W with a dynamic batch: the register tile runs along seq (static), so a
     batch of 1 still fills whole tiles and reuses each weight panel across them."""
-    g, _ = _seq_first_dense()
+    g, _ = _seq_first_dense(op)
     text = kiln.driver.lower(g, target="llvm -mcpu=skylake-avx512").dump()
-    kernel = text[text.index("def kilngen_default_fused_dense"):]
+    kernel = text[text.index(f"def kilngen_default_fused_{op}"):]
     assert "range(b_rt" in kernel, kernel  # the batch is an outer loop at its runtime extent
     assert "< 37" in kernel or "range(37" in kernel or "37 //" in kernel, kernel  # tiles of seq
 
 
-@pytest.mark.parametrize("target", ["llvm", "c"])
-def test_sequence_first_dense_at_every_batch(target):
-    g, w = _seq_first_dense()
+@pytest.mark.parametrize("target, op", [("llvm", "dense"), ("c", "dense"), ("llvm", "matmul")])
+def test_sequence_first_dense_at_every_batch(target, op):
+    g, w = _seq_first_dense(op)
     m = kiln.GraphModule(kiln.build(g, target=target)["default"](kiln.cpu()))
     for b in (8, 1, 5, 2):
         xv = RNG.standard_normal((37, b, 48)).astype(np.float32)

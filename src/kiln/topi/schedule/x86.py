@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 from ... import te
 from ...target import ISA, isa_of
+from ...tir.expr import ProducerLoad
+from ...tir.functor import collect_vars, post_order_visit
 from ..knobs import current_config
 from ..nn.dense import DENSE_PACK_BN, TAG_DENSE, TAG_DENSE_GEMV, TAG_DENSE_PACK, TAG_MATMUL
 from ..registry import register_schedule
@@ -211,8 +213,10 @@ def _gemm_tiles(out: te.Stage, anchor: te.Stage, mt: int, nt: int, pack: te.Stag
 
 def _row_axis(out: te.Stage, anchor: te.Stage, mt: int) -> int:
     """The output axis a GEMM's register tile runs its rows along: the last but one, unless
-    that is a dynamic dim, the right-hand matrix is one for all rows (a dense's weight, a 2-D
-    matmul operand) and a static dim before it has at least ``mt`` rows.
+    that is a dynamic dim and a static dim before it has at least ``mt`` rows along which the
+    right-hand matrix stays the same (a dense's weight, a 2-D matmul operand: no read of the
+    product indexes that axis without also indexing the rows; a batched product's ``B[h]``
+    does, and tiling ``h`` would reuse nothing).
 
     A sequence-first product ``(seq, batch, K) x (K, N)`` (``nn.MultiheadAttention``'s layout,
     ViT) with a dynamic ``batch``: tiling the batch rows computes a whole tile for one valid row
@@ -224,10 +228,16 @@ def _row_axis(out: te.Stage, anchor: te.Stage, mt: int) -> int:
     dyn = next((t.dyn for t in out.op.outputs if getattr(t, "dyn", None)), None)
     if dyn is None or dyn[r] is None:
         return r
-    rhs = anchor.op.input_tensors[1] if len(anchor.op.input_tensors) > 1 else None
-    if anchor.op.tag != TAG_DENSE and (rhs is None or len(rhs.shape) != 2):
-        return r  # a batched product: each leading index has its own matrix, nothing to reuse
-    static = [i for i in range(r) if dyn[i] is None and axes[i].dom_extent >= mt]
+    avars = [iv.var for iv in anchor.op.axis]
+    reads: list[set[Any]] = []
+    for b in getattr(anchor.op, "body", ()):
+        post_order_visit(b, lambda n: reads.append(set().union(*(collect_vars(i) for i in n.indices)))
+                         if isinstance(n, ProducerLoad) else None)
+
+    def shared(i: int) -> bool:  # every read using axis i also uses the rows: B does not move
+        return all(avars[r] in vs for vs in reads if avars[i] in vs)
+
+    static = [i for i in range(r) if dyn[i] is None and axes[i].dom_extent >= mt and shared(i)]
     return static[-1] if static else r
 
 
