@@ -29,6 +29,7 @@ from kiln.runtime import model_api
 from kiln.runtime.graph_json import load_graph_json
 from tests.capi.test_c_api import _cc, _run
 from tests.capi.test_c_api import pytestmark as _needs_cc
+from tests.capi.test_c_api_data_dependent import _run_c
 from tests.capi.test_c_api_dynamic import DRIVER, Session, _lines, _read, _status
 from tests.frontend.onnx_check import run_ort
 
@@ -149,16 +150,7 @@ def _export(model: onnx.ModelProto, tmp_path, name: str) -> str:
 
 def _session(driver, lib, tmp_path, feeds_list, names, n_out, runner=_run):
     """Set every input, run and read every output once per feeds, on one instance."""
-    ses = Session(driver, lib, tmp_path, runner)
-    paths = []
-    for feeds in feeds_list:
-        for i, n in enumerate(names):
-            ses.set(i, feeds[n])
-        ses.cmd("run")
-        paths.append([ses.get(o) for o in range(n_out)])
-    out = ses.go()
-    gets = iter(_lines(out, "get"))
-    return out, [[(p, next(gets)) for p in row] for row in paths]
+    return _run_c(driver, lib, tmp_path, feeds_list, names, n_out, runner=runner)
 
 
 def _compare(model, out, got, feeds_list, skip_runs=()) -> None:

@@ -182,29 +182,30 @@ static const char* dims_text(const KilnModelDesc* d, const KilnEntryDesc* e, cha
   return buf;
 }
 
-/* Copies between compact row-major data of shape a and the padded layout of upper-bound shape u
- * (row-major; the valid data is the sub-box [0:a0, 0:a1, ...]): compact -> padded when
- * to_padded, else back. The trailing dims that are whole move as one block per outer index. */
-static void box_copy(char* padded, char* compact, const int64_t* a, const int64_t* u, int32_t ndim, size_t item,
-                     int to_padded) {
+/* Walks the valid sub-box [0:a0, 0:a1, ...] of the padded layout of upper-bound shape u (row-major):
+ * the trailing dims that are whole move as one block per outer index. Each side is either a padded
+ * buffer (blocks at their padded offsets) or compact data of shape a (blocks back to back);
+ * memmove, since both padded sides of a control-flow copy may be one buffer. */
+static void box_walk(char* dst, const char* src, int dst_padded, int src_padded, const int64_t* a,
+                     const int64_t* u, int32_t ndim, size_t item) {
   size_t run = item, stride[64];
   int64_t idx[64];
+  if (ndim > 64) return;
   int32_t k = ndim - 1;
   for (; k >= 0 && a[k] == u[k]; --k) run *= (size_t)u[k];
   if (k >= 0) run *= (size_t)a[k];
   for (int32_t i = 0; i < k; ++i)
-    if (a[i] == 0) return;
-  if (run == 0 || ndim > 64) return;
-  size_t s = item, off = 0;
+    if (a[i] <= 0) return;
+  if (run == 0) return;
+  size_t s = item, off = 0, flat = 0;
   for (int32_t i = ndim - 1; i >= 0; --i) {
     stride[i] = s;
     s *= (size_t)u[i];
     idx[i] = 0;
   }
   for (;;) {
-    if (to_padded) memcpy(padded + off, compact, run);
-    else memcpy(compact, padded + off, run);
-    compact += run;
+    memmove(dst + (dst_padded ? off : flat), src + (src_padded ? off : flat), run);
+    flat += run;
     int32_t i = k - 1;
     for (; i >= 0 && ++idx[i] == a[i]; --i) {
       off -= (size_t)(a[i] - 1) * stride[i];
@@ -215,40 +216,25 @@ static void box_copy(char* padded, char* compact, const int64_t* a, const int64_
   }
 }
 
-/* Copy the valid sub-box [0:a0, 0:a1, ...] of an entry between two buffers of the same padded layout
- * (upper-bound shape u, row-major, `nbytes` in all): what control flow copies of a dynamic entry, so
- * that a small shape under large bounds does not move the whole buffer. Whole trailing dims move
- * as one block per outer index; a static (or whole) entry is one memmove. */
+/* Copies between compact row-major data of shape a and the padded layout of upper-bound shape u:
+ * compact -> padded when to_padded, else back. */
+static void box_copy(char* padded, char* compact, const int64_t* a, const int64_t* u, int32_t ndim, size_t item,
+                     int to_padded) {
+  if (to_padded) box_walk(padded, compact, 1, 0, a, u, ndim, item);
+  else box_walk(compact, padded, 0, 1, a, u, ndim, item);
+}
+
+/* Copy the valid sub-box of an entry between two buffers of the same padded layout (`nbytes` in
+ * all): what control flow copies of a dynamic entry, so that a small shape under large bounds does
+ * not move the whole buffer. */
 static void box_move(char* dst, const char* src, const int64_t* a, const int64_t* u, int32_t ndim, size_t item,
                      uint64_t nbytes) {
-  size_t run = item, stride[64];
-  int64_t idx[64];
-  int32_t k = ndim - 1;
-  for (; k >= 0 && a[k] == u[k]; --k) run *= (size_t)u[k];
-  if (k < 0 || ndim > 64) { /* the whole buffer */
-    if (dst != src && nbytes) memmove(dst, src, (size_t)nbytes);
+  if (dst == src) return;
+  if (ndim > 64) { /* never planned (at most 32 dims); the whole buffer then */
+    if (nbytes) memmove(dst, src, (size_t)nbytes);
     return;
   }
-  run *= (size_t)a[k];
-  for (int32_t i = 0; i < k; ++i)
-    if (a[i] <= 0) return;
-  if (run == 0 || dst == src) return;
-  size_t s = item, off = 0;
-  for (int32_t i = ndim - 1; i >= 0; --i) {
-    stride[i] = s;
-    s *= (size_t)u[i];
-    idx[i] = 0;
-  }
-  for (;;) {
-    memmove(dst + off, src + off, run);
-    int32_t i = k - 1;
-    for (; i >= 0 && ++idx[i] == a[i]; --i) {
-      off -= (size_t)(a[i] - 1) * stride[i];
-      idx[i] = 0;
-    }
-    if (i < 0) break;
-    off += stride[i];
-  }
+  box_walk(dst, src, 1, 1, a, u, ndim, item);
 }
 
 /* Whether dim expression x is known once the reports of ops up to `known` were taken in this run
