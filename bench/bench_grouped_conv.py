@@ -55,11 +55,11 @@ def main() -> int:
     print(f"machine: {common.machine_line(common.machine_info())}; threads {threads}; target {args.target!r}")
     current = al._conv_plan
 
-    def nchw_grouped(node, data_block, isa):  # the rule before: only groups 1 and depthwise blocked
+    def nchw_grouped(node, data_block, isa, *args, **kwargs):  # the rule before: groups 1 and depthwise
         g, c = node.attrs["groups"], node.inputs[0].shape[1]
         if g > 1 and not (g == c and node.inputs[1].shape[1] == 1):
             return None
-        return current(node, data_block, isa)
+        return current(node, data_block, isa, *args, **kwargs)
 
     rng = np.random.default_rng(0)
     print("| C→O / groups, k, stride, H=W | Kiln before (NCHW) ms | Kiln now ms | ORT ms | now GFLOP/s | before/now "
