@@ -95,16 +95,31 @@ def _has_ops() -> bool:  # a def, not a lambda: TorchScript compiles it when tra
     return True
 
 
+def _has_native_nms() -> bool:
+    import torch
+
+    try:
+        torch.ops.torchvision.nms  # noqa: B018 - resolving the op is the check
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
 def import_torchvision() -> Any:
     """``torchvision``, with ``torchvision::nms`` defined in Python when its C++ ops do not load."""
     global _SHIM
     import torch
 
     try:
-        return importlib.import_module("torchvision")
+        tv = importlib.import_module("torchvision")
     except RuntimeError as exc:
         if "torchvision::" not in str(exc):
             raise
+        tv = None
+    if tv is not None and (_SHIM is not None or _has_native_nms()):
+        # (imported before, e.g. by another test in this process: a failed first import leaves
+        # a module without its ops in sys.modules, so check the op, not the import)
+        return tv
     for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
         del sys.modules[k]
     lib = torch.library.Library("torchvision", "DEF")
