@@ -16,8 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,12 +28,6 @@ import common  # noqa: E402
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _load(info: dict) -> str:
-    """Median cores other processes used per round (:func:`common.interleaved`'s ``info``)."""
-    loads = info.get("foreign_cores") or []
-    return f"{statistics.median(loads):.2f} cores" if loads else "?"
 
 
 def onnx_model(k: int, n: int, weight: np.ndarray) -> Any:
@@ -66,18 +58,9 @@ def main() -> int:
     ap.add_argument("--seq-range", default="1,256", help="lo,hi of the dynamic build's seq")
     ap.add_argument("--k", type=int, default=384)
     ap.add_argument("--n", type=int, default=1536)
-    ap.add_argument("--target", default="llvm -mcpu=native")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                    help="before each case wait up to S s for other processes to use < --max-foreign cores")
-    ap.add_argument("--max-foreign", type=float, default=0.25, help="see --wait-quiet")
+    common.add_run_args(ap)
     args = ap.parse_args()
-    os.environ["KILN_NUM_THREADS"] = str(args.threads)  # before the first library is loaded
-    info = common.machine_info()
-    print(common.machine_line(info))
-    print(f"target: {args.target}; threads: {args.threads}; rounds: {args.rounds}; "
-          f"command: python bench/bench_dynamic_matmul.py " + " ".join(sys.argv[1:]))
+    common.run_header(args, "bench_dynamic_matmul.py")
     rng = np.random.default_rng(0)
     weight = (rng.standard_normal((args.k, args.n)) / np.sqrt(args.k)).astype(np.float32)
     model = onnx_model(args.k, args.n, weight)
@@ -99,7 +82,7 @@ def main() -> int:
                                rounds=args.rounds, log=log, info=load)
         d, s = t["dynamic"].median, t["static"].median
         rows.append([str(seq), f"{d * 1e6:.1f}", f"{s * 1e6:.1f}", f"{d / s:.3f}",
-                     f"{t['dynamic'].spread:.1%} / {t['static'].spread:.1%}", _load(load)])
+                     f"{t['dynamic'].spread:.1%} / {t['static'].spread:.1%}", common.median_load(load)])
         log(f"  seq {seq}: dynamic {d * 1e6:.1f} us, static {s * 1e6:.1f} us, {d / s:.3f}")
     print(common.md_table(["seq", "dynamic us", "static us", "dynamic / static", "round spread (d / s)",
                            "other load"], rows))

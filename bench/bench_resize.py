@@ -27,8 +27,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,12 +49,6 @@ VARIANTS = ("fused", "gathered", "separable")
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _load(info: dict) -> str:
-    """Median cores other processes used per round (:func:`common.interleaved`'s ``info``)."""
-    loads = info.get("foreign_cores") or []
-    return f"{statistics.median(loads):.2f} cores" if loads else "?"
 
 
 @contextmanager
@@ -102,18 +94,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--target", default="llvm -mcpu=native")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
-                    help="before each case wait up to S s for other processes to use < --max-foreign cores")
-    ap.add_argument("--max-foreign", type=float, default=0.25, help="see --wait-quiet")
+    common.add_run_args(ap)
     args = ap.parse_args()
-    os.environ["KILN_NUM_THREADS"] = str(args.threads)  # before the first library is loaded
-    info = common.machine_info()
-    print(common.machine_line(info))
-    print(f"target: {args.target}; threads: {args.threads}; rounds: {args.rounds}; "
-          f"command: python bench/bench_resize.py " + " ".join(sys.argv[1:]))
+    common.run_header(args, "bench_resize.py")
     variants = args.variants.split(",")
     rows = []
     for case in args.cases.split(","):
@@ -132,7 +115,7 @@ def main() -> int:
         shape, size, mode = CASES[case]
         label = f"{list(shape)} -> {size[0]}x{size[1]} {mode}"
         rows.append([label] + [f"{t[v].median * 1e6:.1f}" for v in variants]
-                    + [f"{t[variants[0]].median / t[variants[-1]].median:.1f}x", _load(load)])
+                    + [f"{t[variants[0]].median / t[variants[-1]].median:.1f}x", common.median_load(load)])
         log(f"  {label}: " + ", ".join(f"{v} {t[v].median * 1e6:.1f} us" for v in variants))
     print(common.md_table(["case (us, median)"] + variants + [f"{variants[0]} / {variants[-1]}", "other load"], rows))
     return 0

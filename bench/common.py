@@ -572,3 +572,31 @@ def ensure_models(names: Sequence[str], out_dir: str | os.PathLike) -> dict[str,
 
 def which(prog: str) -> str | None:
     return shutil.which(prog)
+
+
+def add_run_args(ap: Any, rounds: int = 5) -> None:
+    """``--target --threads --rounds --wait-quiet --max-foreign``: the options of a benchmark
+    that times interleaved engines on one machine (see :func:`run_header`)."""
+    ap.add_argument("--target", default="llvm -mcpu=native")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="before each case wait up to S s for other processes to use < --max-foreign cores")
+    ap.add_argument("--max-foreign", type=float, default=0.25, help="see --wait-quiet")
+
+
+def run_header(args: Any, script: str) -> dict[str, Any]:
+    """Set the thread count before any library loads, print the machine and the command, and
+    return :func:`machine_info`."""
+    os.environ["KILN_NUM_THREADS"] = str(args.threads)
+    info = machine_info()
+    print(machine_line(info))
+    print(f"target: {args.target}; threads: {args.threads}; rounds: {args.rounds}; "
+          f"command: python bench/{script} " + " ".join(sys.argv[1:]))
+    return info
+
+
+def median_load(info: Mapping[str, Any]) -> str:
+    """Median cores other processes used per round (:func:`interleaved`'s ``info``), for a table."""
+    loads = info.get("foreign_cores") or []
+    return f"{statistics.median(loads):.2f} cores" if loads else "?"

@@ -86,17 +86,24 @@ def test_topk_min_k_of_nonzero_count(tmp_path):
     _check(model, tmp_path, feeds)
 
 
-def test_labels_of_concatenated_classes(tmp_path):
-    """Per class ``full_like(top_scores, class)`` (Shape -> ConstantOfShape over the TopK
-    count), concatenated over the classes with their scores: the fill of a data-dependent
-    length fused into the Concat must still know its own length."""
-    n, k = 30, 5
+def _two_classes(k: int) -> list:
+    """Per class c in (1, 2): the thresholded top-k of ``scores<c>`` (``c<c>top``, its boxes
+    ``c<c>topb``) and ``full_like(c<c>top, c)`` (``c<c>lab``, Shape -> ConstantOfShape)."""
     nodes = []
     for c in (1, 2):
         nodes += _threshold_topk(f"c{c}", f"scores{c}", "boxes", k)
         nodes += [helper.make_node("Shape", [f"c{c}top"], [f"c{c}sh"]),
                   helper.make_node("ConstantOfShape", [f"c{c}sh"], [f"c{c}lab"],
                                    value=helper.make_tensor("v", TensorProto.INT64, [1], [c]))]
+    return nodes
+
+
+def test_labels_of_concatenated_classes(tmp_path):
+    """Per class ``full_like(top_scores, class)`` (Shape -> ConstantOfShape over the TopK
+    count), concatenated over the classes with their scores: the fill of a data-dependent
+    length fused into the Concat must still know its own length."""
+    n, k = 30, 5
+    nodes = _two_classes(k)
     nodes += [helper.make_node("Concat", ["c1lab", "c2lab"], ["labels"], axis=0),
               helper.make_node("Concat", ["c1top", "c2top"], ["scores"], axis=0),
               helper.make_node("Concat", ["c1topb", "c2topb"], ["boxes_out"], axis=0)]
@@ -115,12 +122,7 @@ def _batched_nms_model(n: int, k: int, keep: int) -> onnx.ModelProto:
     """torchvision's ``batched_nms`` over the concatenated per-class candidates of two classes:
     ``if boxes.numel() == 0: keep = empty else: keep = nms(boxes + label * (max + 1), scores)``,
     then ``keep[:detections_per_img]`` and the gathers of the kept boxes, scores and labels."""
-    nodes = []
-    for c in (1, 2):
-        nodes += _threshold_topk(f"c{c}", f"scores{c}", "boxes", k)
-        nodes += [helper.make_node("Shape", [f"c{c}top"], [f"c{c}sh"]),
-                  helper.make_node("ConstantOfShape", [f"c{c}sh"], [f"c{c}lab"],
-                                   value=helper.make_tensor("v", TensorProto.INT64, [1], [c]))]
+    nodes = _two_classes(k)
     nodes += [helper.make_node("Concat", ["c1topb", "c2topb"], ["cand_b"], axis=0),
               helper.make_node("Concat", ["c1top", "c2top"], ["cand_s"], axis=0),
               helper.make_node("Concat", ["c1lab", "c2lab"], ["cand_l"], axis=0),

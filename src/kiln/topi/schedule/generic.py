@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...te.dynamic import explicit_dyn
 from ...tir.expr import IntImm, PrimExpr, ProducerLoad, Var
 from ...tir.functor import post_order_visit, substitute
 from ...tir.vectorize import stride_in
@@ -135,7 +136,7 @@ def fuse_outer(st: te.Stage, axes: Sequence[te.IterVar]) -> te.IterVar:
     axis, the rest stay loops of their own, which stop at their runtime extents. A dynamic
     first axis is fine (the fused loop then runs ``n_rt * rest`` times).
     """
-    dyn = next((t.dyn for t in st.op.outputs if getattr(t, "dyn", None)), None)
+    dyn = explicit_dyn(st.op)
     cut = len(axes)
     if dyn is not None:
         cut = next((i for i in range(1, cut) if dyn[i] is not None), cut)
@@ -216,7 +217,7 @@ def _vector_block(s: te.Schedule, st: te.Stage, vec: int) -> int:
     axes = list(st.op.axis)
     n = len(axes)
     last = axes[-1].dom_extent
-    dyn = next((t.dyn for t in st.op.outputs if getattr(t, "dyn", None)), None)
+    dyn = explicit_dyn(st.op)
     if dyn is not None:
         # a dynamic dim's rows are padded to its upper bound: a flat loop across it would
         # test every element against the runtime extents, so the vector loop stays inside the

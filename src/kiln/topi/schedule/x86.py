@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import te
+from ...te.dynamic import explicit_dyn
 from ...target import ISA, isa_of
 from ...tir.expr import ProducerLoad
 from ...tir.functor import collect_vars, post_order_visit
@@ -225,7 +226,7 @@ def _row_axis(out: te.Stage, anchor: te.Stage, mt: int) -> int:
     """
     axes = list(out.op.axis)
     r = len(axes) - 2
-    dyn = next((t.dyn for t in out.op.outputs if getattr(t, "dyn", None)), None)
+    dyn = explicit_dyn(out.op)
     if dyn is None or dyn[r] is None:
         return r
     avars = [iv.var for iv in anchor.op.axis]
