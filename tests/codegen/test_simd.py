@@ -317,7 +317,9 @@ def test_partial_last_tile_of_a_runtime_extent_runs_as_vector_chunks(target: str
     mod = codegen.build_module([f], target)
     if target == "c":
         src = mod.get_source()
-        assert all(f"kiln_f32x{w}_u*)&C" in src for w in (16, 8, 4, 2)), "the tail is not cut into vector chunks"
+        lanes = target_vector_bytes(Target(target)) // 4  # this machine's: 16 with AVX-512, 8 with AVX2
+        want = {min(w, lanes) for w in (16, 8, 4, 2)}  # a chunk wider than a register is emitted as several
+        assert all(f"kiln_f32x{w}_u*)&C" in src for w in want), f"the tail is not cut into vector chunks {want}"
     for k in range(1, 71):
         a = RNG.standard_normal(k).astype(np.float32)
         c = kiln.nd.array(np.full(72, -5.0, np.float32))
