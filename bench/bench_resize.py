@@ -12,6 +12,9 @@ Each case is a one-node graph built once per variant of :func:`kiln.topi.resize.
 * ``separable`` — what a build picks today: separable, and with a whole width factor the
   phased horizontal pass (three broadcast source pixels per run of ``s`` outputs).
 
+``--dynamic`` declares H and W symbolic (``1..`` the case's size) and runs the kernel at the
+case's size: a dynamic resize has no whole-factor phases, so ``gathered`` is what it runs.
+
 Variants are forced by patching the module's ``_separable`` / ``_phase_weights`` around the
 build; every variant's output is checked against the float64 reference
 (:func:`kiln.ir.evaluate`), then the variants are timed interleaved
@@ -21,7 +24,7 @@ build; every variant's output is checked against the float64 reference
 Usage::
 
     python bench/bench_resize.py [--threads 1] [--rounds 5] [--target "llvm -mcpu=native"] \\
-        [--cases deeplab,x2,x2_align,deeplab_33] [--variants fused,gathered,separable]
+        [--cases deeplab,x2,x2_align,deeplab_33] [--variants fused,gathered,separable] [--dynamic]
 """
 
 from __future__ import annotations
@@ -71,14 +74,19 @@ def variant(name: str) -> Iterator[None]:
         resize._separable, resize._phase_weights, resize._use_tables = saved
 
 
-def build(case: str, var: str, target: str, threads: int) -> tuple[Any, np.ndarray, np.ndarray]:
-    """The module of ``case`` in form ``var``, its input and the float64 reference output."""
+def build(case: str, var: str, target: str, threads: int, dynamic: bool = False
+          ) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The module of ``case`` in form ``var``, its input and the float64 reference output
+    (``dynamic``: H and W symbolic, ``1..`` the case's extents)."""
     import kiln
     from kiln.ir import Graph, evaluate
 
     shape, size, mode = CASES[case]
     g = Graph()
-    x = g.add_input("x", shape)
+    if dynamic:
+        g.declare_dim("h", 1, shape[2])
+        g.declare_dim("w", 1, shape[3])
+    x = g.add_input("x", shape[:2] + (("h", "w") if dynamic else shape[2:]))
     g.outputs = [g.add("resize2d", x, size=size, scales=(size[0] / shape[2], size[1] / shape[3]),
                        method="linear", coordinate_transformation_mode=mode)]
     with variant(var):
@@ -94,6 +102,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--dynamic", action="store_true", help="symbolic H and W, run at the case's size")
     common.add_run_args(ap)
     args = ap.parse_args()
     common.run_header(args, "bench_resize.py")
@@ -102,7 +111,7 @@ def main() -> int:
     for case in args.cases.split(","):
         engines = []
         for var in variants:
-            gm, xv, want = build(case, var, args.target, args.threads)
+            gm, xv, want = build(case, var, args.target, args.threads, args.dynamic)
             gm.set_input(x=xv)
             gm.run()
             np.testing.assert_allclose(gm.get_output(0).numpy(), want, rtol=1e-4, atol=1e-4,

@@ -9,6 +9,7 @@ zero padding, max pool's ignored cells, avg pool's count) reach that data would 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -238,8 +239,12 @@ def test_refusals_name_the_dims():
     with pytest.raises(UnsupportedOpError, match="SAME_UPPER with stride 2.*'h'"):
         kiln.frontend.from_onnx(m.build([_input()]), dim_ranges={"h": (8, 48), "w": (8, 48)})
     m = _Model()
-    m.out(m.op("Resize", "x", "", "", m.const(np.array([1, 8, 32, 32], "int64"))))
-    with pytest.raises(UnsupportedOpError, match="fixed sizes of symbolic dims"):
+    m.out(m.op("Resize", "x", "", "", m.op("Shape", "x"), mode="cubic"))
+    with pytest.raises(UnsupportedOpError, match=r"runtime sizes \(1, 8, h, w\).*mode='cubic'"):
+        kiln.frontend.from_onnx(m.build([_input()]), dim_ranges={"h": (8, 48), "w": (8, 48)})
+    m = _Model()
+    m.out(m.op("Resize", "x", "", "", m.const(np.array([1, 4, 32, 32], "int64"))))
+    with pytest.raises(UnsupportedOpError, match="only H and W of a 4-D input"):
         kiln.frontend.from_onnx(m.build([_input()]), dim_ranges={"h": (8, 48), "w": (8, 48)})
     m = _Model()
     m.out(m.op("LpPool", "x", kernel_shape=[2, 2], strides=[2, 2]))
@@ -251,6 +256,80 @@ def test_refusals_name_the_dims():
     m.out(m.op("Concat", "x", m.op("Resize", d, "", m.const(np.array([1, 1, 2, 2], "float32"))), axis=1))
     with pytest.raises(InputError, match=r"concatenate.*'2\*\(\(h-1\)//2\)\+2'"):
         kiln.frontend.from_onnx(m.build([_input()]), dim_ranges={"h": (8, 48), "w": (8, 48)})
+
+
+def _sizes_model(coord: str, mode: str) -> bytes:
+    """Resizes to sizes known at run time over x (b, 8, h, w): a strided conv's output back
+    to ``Shape(x)`` (added to x, so the dims must be x's), a global pool's 1x1 back to x's
+    H and W (DeepLabV3's ASPP pooling branch, concatenated with x), and x to a fixed 20 x 13."""
+    m = _Model()
+    d = m.op("Conv", "x", m.weight(8, 8, 3, 3), pads=[1, 1, 1, 1], strides=[2, 2])
+    up = m.op("Resize", d, "", "", m.op("Shape", "x"), mode=mode, coordinate_transformation_mode=coord)
+    m.out(m.op("Add", up, "x"))
+    shape = m.op("Shape", "x")
+    hw = m.op("Slice", shape, m.const(np.array([2], "int64")), m.const(np.array([4], "int64")))
+    bc = m.op("Slice", shape, m.const(np.array([0], "int64")), m.const(np.array([2], "int64")))
+    pooled = m.op("GlobalAveragePool", "x")
+    back = m.op("Resize", pooled, "", "", m.op("Concat", bc, hw, axis=0), mode=mode,
+                coordinate_transformation_mode=coord)
+    m.out(m.op("Concat", "x", back, axis=1))
+    fixed = m.op("Concat", bc, m.const(np.array([20, 13], "int64")), axis=0)
+    m.out(m.op("Resize", "x", "", "", fixed, mode=mode, coordinate_transformation_mode=coord))
+    return m.build([helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8, "h", "w"])])
+
+
+@pytest.mark.parametrize("coord, mode", [("half_pixel", "linear"), ("pytorch_half_pixel", "linear"),
+                                         ("align_corners", "linear"), ("asymmetric", "nearest"),
+                                         ("half_pixel", "nearest")])
+def test_resize_to_runtime_sizes_matches_onnxruntime(coord, mode):
+    """ONNX ``sizes`` computed from shapes (segmentation heads, U-Net skips): the output takes
+    the runtime sizes and each axis's scale is ``out / in`` at run time, at every size."""
+    model = _sizes_model(coord, mode)
+    graph, params = kiln.frontend.from_onnx(model, dim_ranges={"b": (1, 3), "h": (8, 48), "w": (8, 48)})
+    outs = graph.outputs
+    assert [str(d) for d in outs[0].type.dims] == ["b", "8", "h", "w"]
+    assert [str(d) for d in outs[2].type.dims] == ["b", "8", "20", "13"]
+    mod = kiln.GraphModule(kiln.build(graph, target="llvm", params=params)["default"](kiln.cpu()))
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for b, h, w in [(1, 48, 48), (2, 17, 9), (3, 8, 31), (1, 13, 13)]:
+        x = RNG.standard_normal((b, 8, h, w)).astype("float32")
+        mod.run(x=x)
+        for i, ref in enumerate(sess.run(None, {"x": x})):
+            got = mod.get_output(i).numpy()
+            assert got.shape == ref.shape, f"output {i} at {(b, h, w)}"
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=f"output {i} at {(b, h, w)}")
+    # the reference interpreter reads the sizes at the actual dims too
+    x = RNG.standard_normal((2, 8, 17, 9)).astype("float32")
+    for got, ref in zip(ir.evaluate(graph, {"x": x}, params), sess.run(None, {"x": x})):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_resize_to_runtime_sizes_ir_rule():
+    g = ir.Graph("g")
+    g.declare_dim("h", 2, 64)
+    x = g.add_input("x", (1, 8, 4, 4))
+    y = g.add("resize2d", x, size=(128, 64), scales=(32.0, 16.0), method="linear", sym_size=("2*h", "h"))
+    assert [str(d) for d in y.type.dims] == ["1", "8", "2*h", "h"] and y.shape == (1, 8, 128, 64)
+    with pytest.raises(InputError, match="sym_size.*'k'.*no declared range"):
+        g.add("resize2d", x, size=(8, 8), scales=(2.0, 2.0), sym_size=("k", 8))
+
+
+def test_atrous_conv_skips_the_rows_of_padding_at_the_runtime_height():
+    """DeepLabV3's dilation-12 ASPP branch over a feature map of 4..16 rows: which kernel
+    rows read data depends on the runtime height, so the kernel tests it once per row and
+    kernel row (outside the column taps and channels) and skips the rest; the values match
+    ONNX Runtime at heights where every, some and only the centre kernel row read data."""
+    m = _Model()
+    m.out(m.op("Conv", "x", m.weight(32, 32, 3, 3), m.weight(32), dilations=[12, 12], pads=[12, 12, 12, 12]))
+    model = m.build([_input(c=32)])
+    graph, params = kiln.frontend.from_onnx(model, dim_ranges={"h": (4, 16), "w": (4, 16)})
+    lib = kiln.build(graph, target="c", params=params)
+    src = lib.get_lib().get_source()
+    # the row test sits between the kernel-row loop and the kernel-column loop
+    assert re.search(r"for \(int32_t ry = 0; ry < 3; \+\+ry\) \{\s*if \(.*ry \* 12.*h_rt.*\{\s*"
+                     r"for \(int32_t rx = 0; rx < 3; \+\+rx\)", src), "row test not hoisted"
+    mod = kiln.GraphModule(lib["default"](kiln.cpu()))
+    _check_against_ort(mod, model, [(16, 16), (14, 5), (13, 16), (12, 12), (7, 9), (4, 4)], 32)
 
 
 def test_torch_export_with_dynamic_image_size():

@@ -166,15 +166,16 @@ def _dynamic_rows(n_max: int) -> tuple[te.Tensor, te.Tensor, tir.Var]:
 
 def test_dynamic_row_keeps_the_row_form() -> None:
     """A row of runtime length (``(1, heads, seq, seq)`` attention scores) keeps the blocked
-    partials: a block is reduced when its last element is inside the row (one condition per
-    vector), the tail after the last whole block element by element; a row past the runtime
+    partials: the whole blocks inside the row are reduced (the reduction's condition on the
+    runtime length becomes the block loop's bound), the tail after the last whole block
+    element by element; a row past the runtime
     extent computes nothing, not even its statistics; the scratch row of exponentials stops at
     the runtime length."""
     x, y, s = _dynamic_rows(64)
     assert {"max_part", "max_tail", "exp", "sum_part", "sum_tail"} <= set(_roles(y))
     sch = topi.schedule_group("softmax", "opaque", [y], "llvm -mcpu=x86-64-v3")
     text = str(tir.lower(sch, [x, y], "smd"))
-    assert "if kb * 16 + 15 < s:" in text  # a block, one condition
+    assert "for kb in range(s // 16):" in text  # the whole blocks, no condition per block
     assert "s // 16 * 16 + kt < s" in text  # the tail
     row_guard = text.index("% 64 < s:")
     assert row_guard < text.index("softmax_max_max_part = allocate")  # the whole row body is skipped

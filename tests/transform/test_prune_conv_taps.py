@@ -220,6 +220,64 @@ def test_random_2d_geometries():
     assert changed > 30
 
 
+def _dyn_conv_graph(lo, hi, w, **attrs):
+    g = Graph()
+    g.declare_dim("h", lo, hi)
+    x = g.add_input("x", (1, w.shape[1] * attrs.get("groups", 1), "h", 6))
+    g.outputs = [g.add("conv2d", x, g.add_constant(w), **attrs)]
+    return g
+
+
+@pytest.mark.parametrize("dil", [24, 36])
+def test_symbolic_map_prunes_the_taps_dead_at_the_upper_bound(dil):
+    """DeepLabV3's ASPP with a dynamic image size: a feature map of at most 16 rows leaves
+    only the centre row tap at dilation 24 / 36, for every size; the output keeps its
+    symbolic dims and the values match at every runtime size."""
+    w = r(4, 8, 3, 3)
+    g = _dyn_conv_graph(4, 16, w, dilation=(dil, 1), padding=(dil, 1, dil, 1))
+    h = prune_conv_taps(g)
+    (conv,) = _convs(h)
+    assert conv.inputs[1].shape[2:] == (1, 3) and conv.attrs["padding"] == (0, 1, 0, 1)
+    assert h.outputs[0].type.dims == g.outputs[0].type.dims
+    for n in (4, 9, 16):
+        x = r(1, 8, n, 6)
+        (got,) = ir.evaluate(h, {"x": x})
+        np.testing.assert_allclose(got, np_conv(x, w, (1, 1), (dil, 1, dil, 1), (dil, 1), 1), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_map_keeps_taps_live_at_some_size_and_never_splits_bands():
+    """Dilation 12 over 4..16 rows: every tap reads data at 16 rows, so nothing is pruned,
+    and the bands (which depend on the size) are not used for a symbolic map."""
+    g = _dyn_conv_graph(4, 16, r(4, 8, 3, 3), dilation=(12, 1), padding=(12, 1, 12, 1))
+    assert len(_convs(prune_conv_taps(g))) == 1 and _taps_work(prune_conv_taps(g)) == _taps_work(g)
+
+
+def test_symbolic_random_geometries_match_at_every_size():
+    """Random 1-axis geometries over a symbolic extent: whenever the rewrite applies, the
+    pruned graph equals the direct conv at every runtime size in range (strides included,
+    where the output-size formula must agree at every size, not only at the bound)."""
+    rng = np.random.default_rng(3)
+    changed = 0
+    for _ in range(150):
+        lo, hi = sorted(int(v) for v in rng.integers(1, 8, size=2))
+        k, s, d = int(rng.integers(2, 4)), int(rng.integers(1, 4)), int(rng.choice([2, 4, 7, 9, 12]))
+        p0, p1 = (int(v) for v in rng.integers(0, 16, size=2))
+        if lo + p0 + p1 < (k - 1) * d + 1:
+            continue
+        w = r(2, 2, k, 1)
+        attrs = dict(strides=(s, 1), dilation=(d, 1), padding=(p0, 0, p1, 0))
+        g = _dyn_conv_graph(lo, hi, w, **attrs)
+        hh = prune_conv_taps(g)
+        assert hh.outputs[0].type.dims == g.outputs[0].type.dims
+        for n in range(lo, hi + 1):
+            x = r(1, 2, n, 6)
+            (got,) = ir.evaluate(hh, {"x": x})
+            np.testing.assert_allclose(got, np_conv(x, w, (s, 1), (p0, 0, p1, 0), (d, 1), 1), rtol=1e-4,
+                                       atol=1e-4, err_msg=f"n={n} in {lo}..{hi} k={k} s={s} d={d} pads={(p0, p1)}")
+        changed += _taps_work(hh) < _taps_work(g)
+    assert changed > 10
+
+
 @pytest.mark.parametrize("dil,stride,groups", [(36, 1, 1), (12, 1, 1), (12, 2, 2)])
 def test_matches_onnxruntime(dil, stride, groups):
     """Compiled (llvm, through AlterConvLayout) against ONNX Runtime."""

@@ -188,21 +188,20 @@ class _DimVars:
 
     def dyn(self, v: Value) -> tuple[Any, ...] | None:
         """``v``'s dyn tuple (a Var per symbolic dim, one Var per distinct expression)."""
-        from .. import tir
-
         if v.type.sym is None:
             return None
-        out: list[Any] = []
-        for d in v.type.sym:
-            if not isinstance(d, str):  # a static dim (sym entries are None or canonical strings)
-                out.append(None)
-                continue
-            var = self.vars.get(d)
-            if var is None:
-                base = _sanitize(d) if re.fullmatch(r"[A-Za-z_]\w*", d) else f"dim{len(self.vars)}"
-                var = self.vars[d] = tir.Var(f"{base}_rt", "int32")
-            out.append(var)
-        return tuple(out)
+        # sym entries are None (static) or canonical strings
+        return tuple(self.var(d) if isinstance(d, str) else None for d in v.type.sym)
+
+    def var(self, d: str) -> Any:
+        """The Var of the canonical symbolic dim ``d`` (made on first use)."""
+        from .. import tir
+
+        var = self.vars.get(d)
+        if var is None:
+            base = _sanitize(d) if re.fullmatch(r"[A-Za-z_]\w*", d) else f"dim{len(self.vars)}"
+            var = self.vars[d] = tir.Var(f"{base}_rt", "int32")
+        return var
 
 
 #: Name of the runtime extent of a shape-generic kernel's varying axis.
@@ -405,8 +404,9 @@ def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: S
     for n in group.nodes:
         fcompute = topi.get_compute(n.op)
         try:
-            # computes that choose a data layout (dense's packed panels) size it for this target
-            with topi.knobs.kernel_target(target):
+            # computes that choose a data layout (dense's packed panels) size it for this target;
+            # a resize to runtime sizes reads its output's runtime extents
+            with topi.knobs.kernel_target(target), topi.knobs.kernel_dims(dims.var):
                 outs = fcompute(n.attrs, [env[v] for v in n.inputs], [o.type for o in n.outputs])
         except Exception as exc:
             raise KilnError(f"{name}: compute of {n.op} node {n.name!r} failed: {exc}") from exc

@@ -262,8 +262,8 @@ class Graph:
             norm = opdef.normalize_attrs(attrs)
             in_types = [v.type for v in inputs]
             out_types = opdef.type_rel(in_types, norm)
-            # add_node is hot: static graphs pay one attribute test per input and one lookup.
-            dynamic = "sym_shape" in norm and norm["sym_shape"] is not None
+            # add_node is hot: static graphs pay one attribute test per input and two lookups.
+            dynamic = norm.get("sym_shape") is not None or norm.get("sym_size") is not None
             for t in in_types:
                 if t.sym is not None:
                     dynamic = True
@@ -374,6 +374,11 @@ class Graph:
 IRModule = Graph
 
 
+#: Attributes giving an op symbolic output dims of its own (reshape / broadcast_to targets, a
+#: resize to runtime sizes): a node with one is dynamic even when its inputs are static.
+_SYM_ATTRS = ("sym_shape", "sym_size")
+
+
 def _sym_types(opdef: Any, in_types: list[TensorType], attrs: dict[str, Any],
                out_types: list[TensorType], ranges: dict[str, tuple[int, int]]
                ) -> list[TensorType]:
@@ -381,11 +386,13 @@ def _sym_types(opdef: Any, in_types: list[TensorType], attrs: dict[str, Any],
     rather than dropping a symbol."""
     from .sym_rules import POSITIVE_DIMS, get_sym_rule
 
-    target = attrs.get("sym_shape")
-    if target is not None:
+    for key in _SYM_ATTRS:
+        target = attrs.get(key)
+        if target is None:
+            continue
         missing = sorted(_sym.dims_symbols(target) - ranges.keys())
         if missing:
-            raise InputError(f"sym_shape {tuple(target)} uses {', '.join(map(repr, missing))} "
+            raise InputError(f"{key} {tuple(target)} uses {', '.join(map(repr, missing))} "
                              "which has no declared range")
     rule = get_sym_rule(opdef)
     if rule is None:

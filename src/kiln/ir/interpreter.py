@@ -126,21 +126,24 @@ def _bind_dims(dims: dict[str, int], v: Value, shape: tuple[int, ...]) -> None:
             dims.setdefault(d, int(a))
 
 
-#: Attributes holding a static target shape (upper bounds) next to its symbolic form.
-_SHAPE_ATTRS = ("newshape", "shape")
+#: Symbolic attribute -> the attributes holding its static form (upper bounds).
+_SYM_ATTRS = {"sym_shape": ("newshape", "shape"), "sym_size": ("size",)}
 
 
 def _actual_attrs(attrs: Mapping[str, Any], dims: Mapping[str, int]) -> Mapping[str, Any]:
-    """``attrs`` with a reshape / broadcast target evaluated at the actual symbol values, so a
-    dynamic graph evaluated at a smaller input gets the smaller shape, not the upper bound."""
-    sym_shape = attrs.get("sym_shape")
-    if not sym_shape or not dims:
+    """``attrs`` with a reshape / broadcast / resize target evaluated at the actual symbol
+    values, so a dynamic graph evaluated at a smaller input gets the smaller shape, not the
+    upper bound."""
+    if not dims:
         return attrs
-    key = next((k for k in _SHAPE_ATTRS if k in attrs), None)
-    if key is None:
-        return attrs
-    try:
-        actual = [d if isinstance(d, int) else sym.evaluate(d, dims) for d in sym_shape]
-    except Exception:  # noqa: BLE001 - a symbol not bound here: keep the static target
-        return attrs
-    return {**attrs, key: tuple(actual)}
+    for sym_key, keys in _SYM_ATTRS.items():
+        target = attrs.get(sym_key)
+        key = next((k for k in keys if k in attrs), None)
+        if not target or key is None:
+            continue
+        try:
+            actual = [d if isinstance(d, int) else sym.evaluate(d, dims) for d in target]
+        except Exception:  # noqa: BLE001 - a symbol not bound here: keep the static target
+            return attrs
+        return {**attrs, key: tuple(actual)}
+    return attrs

@@ -562,6 +562,17 @@ def _resize(ts: list[TensorType], attrs: Attrs, outs: list[TensorType]) -> list[
     _static_only(data, [1], "resize data channels",
                  "symbolic batch and spatial dims only")
     dims: list[Dim] = [data.dims[0], outs[0].shape[1]]
+    target = attrs.get("sym_size")
+    if target is not None:
+        # a resize to runtime sizes: the output dims are given, the scales follow at run time
+        if len(target) != 2:
+            raise InputError(f"resize2d: sym_size {format_dims(target)} must give (out_h, out_w)")
+        for d, ub in zip(target, outs[0].shape[2:]):
+            bound = d if isinstance(d, int) else None
+            if bound is not None and bound != ub:
+                raise InputError(f"resize2d: sym_size {format_dims(target)} does not match size "
+                                 f"{outs[0].shape[2:]}")
+        return [_sym(dims + [sym.canonical(d) for d in target], outs[0])]
     for a, n in enumerate(data.dims[2:4]):
         if not isinstance(n, str):
             dims.append(outs[0].shape[2 + a])

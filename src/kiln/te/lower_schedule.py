@@ -39,7 +39,7 @@ import re
 from typing import Any, Sequence
 
 from ..runtime.errors import CompileError
-from ..tir.expr import (BinaryOp, Call, IntImm, Load, PrimExpr, ProducerLoad, Reduce, Var, binary, const,
+from ..tir.expr import (BinaryOp, Call, IntImm, Load, PrimExpr, ProducerLoad, Reduce, Var, binary, conjuncts, const,
                         structural_equal)
 from ..tir.functor import Mutator, collect_vars, post_order_visit, substitute
 from ..tir.simplify import INF, Analyzer, simplify_stmt
@@ -463,12 +463,25 @@ class _Lowerer:
         if tpos:
             return self._cross_thread(st, red, buf, src, cond, p, tpos[0], tail_is_reduce, lvars, exts, local_idx,
                                       outer_guards, inner_guards, build, level_of)
+        # A reduction's condition on runtime extents (a dilated conv's rows that only read
+        # padding at this size) goes to the loop where its variables are bound, as a guard:
+        # it then skips the loops inside instead of testing every update. Static conditions
+        # stay on the update, so static kernels do not change.
+        hoisted: list[PrimExpr] = []
+        if cond is not None:
+            kept = []
+            for c in conjuncts(cond):
+                if collect_vars(c) & dyn_vars and p <= level_of(c) < n - 1:
+                    hoisted.append(c)
+                else:
+                    kept.append(c)
+            cond = _all_of(kept) if kept else None
         if tail_is_reduce:
             acc = Buffer(self._uniq(f"{buf.name}_acc"), (1,), buf.dtype, scope="local")
             upd: Stmt = BufferStore(acc, red.combine(acc[0], src), [0])
             if cond is not None:
                 upd = IfThenElse(cond, upd)
-            red_nest = build(red_levels, lvars[p:], upd, inner_guards, True)
+            red_nest = build(red_levels, lvars[p:], upd, inner_guards + hoisted, True)
             # children attached at reduce levels are built inside `build` above;
             # data-level guards/children are handled by the outer build
             block = Allocate(acc, seq(BufferStore(acc, red.identity, [0]), red_nest,
@@ -496,7 +509,7 @@ class _Lowerer:
         upd = BufferStore(buf, red.combine(Load(buf, local_idx), src), local_idx)
         if cond is not None:
             upd = IfThenElse(cond, upd)
-        upd_nest = build(red_levels, lvars[p:], upd, inner_guards, True)
+        upd_nest = build(red_levels, lvars[p:], upd, inner_guards + hoisted, True)
         return build(data_levels, lvars[:p], seq(init_nest, upd_nest), outer_guards, True)
 
     def _dyn_guards(self, st: Any, val: dict[Any, PrimExpr], guards: list[PrimExpr], lvars: list[Var],

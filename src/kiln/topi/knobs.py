@@ -43,7 +43,7 @@ from ..target import ISA, Target
 
 __all__ = ["KNOB_SPACES", "TUNABLE_KINDS", "ConfigSpace", "DispatchContext", "current_config",
            "current_context", "workload_key", "target_key", "Query", "knob_space", "kernel_target",
-           "current_kernel_target"]
+           "current_kernel_target", "kernel_dims", "output_dyn"]
 
 #: A workload: ``(kind, *parameters)``, all ints / strings / nested tuples (JSON round-trips it
 #: as lists; :func:`workload_key` normalises both to tuples).
@@ -346,6 +346,48 @@ def current_kernel_target() -> Any:
     """The target of the innermost active :func:`kernel_target`, or None."""
     stack = getattr(_target_local, "stack", None)
     return stack[-1] if stack else None
+
+
+_dims_local = threading.local()
+
+
+@contextlib.contextmanager
+def kernel_dims(dim_var: Callable[[str], Any]) -> Iterator[None]:
+    """Give the registered computes the runtime-extent Vars of the kernel being lowered.
+
+    A compute sees its outputs as IR types only, yet a resize to runtime sizes needs its
+    output's runtime extent, which no input carries: its coordinate scale is ``out / in`` at
+    run time. :func:`output_dyn` asks ``dim_var`` for the Var of a symbolic dim, the one the
+    kernel binds from the output's DLTensor.
+
+    Parameters
+    ----------
+    dim_var : callable
+        Canonical symbolic dim (str) -> its ``tir.Var`` in this kernel.
+    """
+    stack = getattr(_dims_local, "stack", None)
+    if stack is None:
+        stack = _dims_local.stack = []
+    stack.append(dim_var)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def output_dyn(out_type: Any) -> tuple[Any, ...] | None:
+    """The dyn tuple (a Var per symbolic dim, None per static one) of an output type inside
+    :func:`kernel_dims`; None for a static type. Outside one a symbolic output is a
+    ``CompileError`` (a caller building a dynamic kernel must give the Vars)."""
+    if out_type.sym is None:
+        return None
+    stack = getattr(_dims_local, "stack", None)
+    if not stack:
+        from ..runtime.errors import CompileError
+
+        raise CompileError(f"the runtime extents of an output with dims {out_type.dims} are only "
+                           "known inside kernel_dims()")
+    return tuple(stack[-1](d) if isinstance(d, str) else None for d in out_type.sym)
 
 
 def current_config(kind: str, workload: Workload, defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,12 @@ border bands are a pixel or two) and only when it leaves at most :data:`BAND_WOR
 the multiply-adds in at most :data:`BAND_MAX_PIECES` pieces (ASPP dilation 12 on 14 x 14:
 324 of 1764 tap-pixels, 9 pieces).
 
+A symbolic H or W (a dynamic-shape graph) prunes the taps dead at the dim's upper bound, which
+are dead at every runtime extent (a smaller map reads a subset of the rows), when the pruned
+axis gives the same output extent at every size; DeepLabV3's dilation 24 and 36 branches over
+a feature map of at most 16 x 16 become 1x1 convs for every image size in range. The bands
+depend on the runtime size and are not used there.
+
 Not rewritten (left unchanged): a weight that is not a constant; a conv whose every tap is
 live for every output; a pruned geometry that would need *negative* padding (the remaining
 taps skip rows at the border, which a slice of the input, not of the weight, would express);
@@ -199,11 +205,12 @@ def _prune(g: Graph, node: Node, ins: list[Value]) -> list[Value] | None:
     w = weight.const_value
     if w is None:
         return None
-    if data.type.sym is not None and any(isinstance(d, str) for d in data.type.dims[2:]):
-        # which taps are live is decided from the upper bounds; the bands would not follow
-        # a runtime size (a smaller map only has fewer live taps, but the rewrite is not
-        # worth a second rule)
-        return None
+    # A symbolic H / W: the taps are pruned at the upper bound, which is exact for every
+    # runtime size (a smaller map reads a subset of the rows, so a tap dead at the bound is
+    # dead at every size), when the pruned axis keeps the output-size formula's numerator
+    # (then the output extent agrees at every size, not only at the bound). The bands
+    # depend on the size, so they are for static maps only.
+    dynamic = data.type.sym is not None and any(isinstance(d, str) for d in data.type.dims[2:])
     a = node.attrs
     _, _, h, wd = data.shape
     _, _, kh, kw = weight.shape
@@ -211,19 +218,30 @@ def _prune(g: Graph, node: Node, ins: list[Value]) -> list[Value] | None:
     pt, pl, pb, pr = a["padding"]
     rows = _pruned_axis(h, kh, sh, dh, pt, pb)
     cols = _pruned_axis(wd, kw, sw, dw, pl, pr)
+    if dynamic:
+        rows = rows if rows is not None and _same_extent(rows, kh, dh, pt, pb) else None
+        cols = cols if cols is not None and _same_extent(cols, kw, dw, pl, pr) else None
     # an axis with nothing to drop keeps its full range and attributes
     r0, r1, dh2, pt2, pb2 = rows if rows is not None else (0, kh - 1, dh, pt, pb)
     c0, c1, dw2, pl2, pr2 = cols if cols is not None else (0, kw - 1, dw, pl, pr)
     wsl = np.ascontiguousarray(w[:, :, r0:r1 + 1, c0:c1 + 1])
     attrs = {**a, "dilation": (dh2, dw2), "padding": (pt2, pl2, pb2, pr2)}
-    y = _band_split(g, node, data, wsl, attrs)
+    y = None if dynamic else _band_split(g, node, data, wsl, attrs)
     if y is None:
         if rows is None and cols is None:
             return None
         y = g.add("conv2d", data, g.add_constant(wsl), name=node.name, **attrs)
-    if y.shape != node.outputs[0].shape:  # each step keeps the extents; a cheap guard
+    # each step keeps the extents (symbolic ones too); a cheap guard
+    if y.shape != node.outputs[0].shape or y.type.dims != node.outputs[0].type.dims:
         return None
     return [y]
+
+
+def _same_extent(pruned: tuple[int, int, int, int, int], k: int, d: int, p0: int, p1: int) -> bool:
+    """Whether a pruned axis (:func:`_pruned_axis`) gives the original output extent at every
+    input extent: the same ``pad_before + pad_after - dilation * (kernel - 1)``."""
+    first, last, dn, q0, q1 = pruned
+    return q0 + q1 - dn * (last - first) == p0 + p1 - d * (k - 1)
 
 
 def prune_conv_taps(graph: Graph) -> Graph:

@@ -7,6 +7,9 @@ import math
 import numpy as np
 
 from ...ir import Value
+from ...ir.sym_rules import format_dims
+from ...runtime import sym
+from ...runtime.sym import Dim
 from ..volumetric import conv3d, conv_transpose3d, pool3d
 from .converter import Context, onnx_op
 
@@ -408,9 +411,9 @@ def _resize(ctx: Context, node, ins, attrs):
     scales = [1.0] * nd
     out = list(in_shape)
     dyn_axes = [a for a in axes if isinstance(x.type.dims[a], str)]
-    if dyn_axes and scales_arr is None:
-        raise ctx.unsupported(f"Resize to fixed sizes of symbolic dims {[x.type.dims[a] for a in dyn_axes]}; "
-                              "give scales")
+    if scales_arr is None and sizes_v is not None and (dyn_axes or sizes_v in ctx.sym_values):
+        return _resize_to_runtime_sizes(ctx, x, axes, ctx.sym_ints(sizes_v, "sizes"), mode, coord,
+                                        nearest_mode, attrs)
     if scales_arr is not None:
         if len(scales_arr) != len(axes):
             raise ctx.bad(f"scales {scales_arr.tolist()} do not match axes {axes}")
@@ -476,6 +479,44 @@ def _resize(ctx: Context, node, ins, attrs):
     if nd == 3:
         y = ctx.reshape(y, tuple(out))
     return y
+
+
+def _resize_to_runtime_sizes(ctx: Context, x: Value, axes: tuple[int, ...], sizes: tuple[Dim, ...],
+                             mode: str, coord: str, nearest_mode: str, attrs: dict) -> Value:
+    """Resize H and W to sizes known at run time: symbolic (computed from ``Shape``, as
+    DeepLabV3's upsamples back to the feature map and to the image are), or fixed sizes of a
+    symbolic input. Each axis's scale is ``size / input extent`` at run time, as ONNX defines
+    it for ``sizes``; the ``resize2d`` kernel computes it from the runtime extents."""
+    dims = list(x.type.dims)
+    if len(sizes) != len(axes):
+        raise ctx.bad(f"sizes {format_dims(sizes)} do not match axes {axes}")
+    out = list(dims)
+    for a, n in zip(axes, sizes):
+        out[a] = sym.canonical(n)
+    what = f"Resize of {format_dims(dims)} to runtime sizes {format_dims(out)}"
+    if x.type.ndim != 4 or out[:2] != dims[:2]:
+        raise ctx.unsupported(f"{what}: only H and W of a 4-D input can take sizes known at run time")
+    if mode not in ("nearest", "linear", "bilinear") or coord == "tf_crop_and_resize":
+        raise ctx.unsupported(f"{what}: mode={mode!r}, coordinate_transformation_mode={coord!r} "
+                              "(nearest and (bi)linear resizes without a crop are supported)")
+    if attrs.get("antialias", 0) and mode != "nearest":
+        raise ctx.unsupported(f"{what}: antialias (whether it applies depends on the runtime scale)")
+    if attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise ctx.unsupported(f"{what}: keep_aspect_ratio_policy="
+                              f"{attrs['keep_aspect_ratio_policy']!r} (stretch is supported)")
+    for a in (2, 3):
+        d = out[a]
+        lo = d if isinstance(d, int) else sym.bounds(d, ctx.graph.dim_ranges)[0]
+        if lo < 1:
+            raise ctx.unsupported(f"{what}: output dim {out[a]} may be {lo}; a runtime size must be "
+                                  "at least 1")
+    size = ctx.upper(out[2:])
+    ctx.check_size(ctx.upper(out), "the output")
+    in_hi = x.shape[2:]
+    return ctx.emit1("resize2d", x, size=size, scales=tuple(o / i for o, i in zip(size, in_hi)),
+                     method="nearest" if mode == "nearest" else "linear",
+                     coordinate_transformation_mode=coord, nearest_mode=nearest_mode,
+                     sym_size=tuple(out[2:]))
 
 
 #: Widest per-axis filter resized by gathers; wider (strong antialiased downscales) use a matmul.

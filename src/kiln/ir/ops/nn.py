@@ -469,16 +469,27 @@ def _nearest_index(xo: np.ndarray, in_len: int, mode: str, scale: float) -> np.n
     return np.clip(idx, 0, in_len - 1).astype(np.int64)
 
 
+def resize_scales(attrs: dict, in_hw: tuple[int, int]) -> tuple[float, float]:
+    """The coordinate-transform scales of a ``resize2d``: its ``scales``, or, for a resize to
+    runtime sizes (``sym_size``), ``size / input extent`` per axis (ONNX Resize given sizes)."""
+    if attrs.get("sym_size") is None:
+        sy, sx = attrs["scales"]
+    else:
+        (sy, sx) = (o / i if i else 1.0 for o, i in zip(attrs["size"], in_hw))
+    return float(sy), float(sx)
+
+
 def _resize_ref(xs, attrs):
     x = xs[0]
     h, w = x.shape[2:]
     oh, ow = attrs["size"]
+    sy, sx = resize_scales(attrs, (h, w))
     mode = attrs["coordinate_transformation_mode"]
-    ys = resize_source_coord(np.arange(oh), h, oh, attrs["scales"][0], mode)
-    xcs = resize_source_coord(np.arange(ow), w, ow, attrs["scales"][1], mode)
+    ys = resize_source_coord(np.arange(oh), h, oh, sy, mode)
+    xcs = resize_source_coord(np.arange(ow), w, ow, sx, mode)
     if attrs["method"] == "nearest":
-        iy = _nearest_index(ys, h, attrs["nearest_mode"], attrs["scales"][0])
-        ix = _nearest_index(xcs, w, attrs["nearest_mode"], attrs["scales"][1])
+        iy = _nearest_index(ys, h, attrs["nearest_mode"], sy)
+        ix = _nearest_index(xcs, w, attrs["nearest_mode"], sx)
         return [x[:, :, iy][:, :, :, ix]]
 
     def taps(c, n):
@@ -499,7 +510,10 @@ register_op(
     "resize2d",
     attrs={"size": ("ints", REQUIRED), "scales": ("floats", REQUIRED),
            "method": ("str", "nearest"), "coordinate_transformation_mode": ("str", "half_pixel"),
-           "nearest_mode": ("str", "round_prefer_floor")},
+           "nearest_mode": ("str", "round_prefer_floor"), "sym_size": ("dims", None)},
     type_rel=_resize_rel, pattern=OpPattern.INJECTIVE, ref=_resize_ref, inputs=("data",),
     doc="resize H, W of NCHW data to size (out_h, out_w); scales (h, w) are the ones used in "
-        "the coordinate transform; method nearest|linear (bilinear)")
+        "the coordinate transform; method nearest|linear (bilinear). sym_size (optional, "
+        "dynamic graphs): the output (h, w) as dims, symbolic or static, with size their upper "
+        "bounds; each axis's scale is then output / input extent at run time (ONNX Resize "
+        "given sizes) and scales only records the ratio at the upper bounds")
