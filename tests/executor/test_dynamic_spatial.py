@@ -261,7 +261,8 @@ def test_refusals_name_the_dims():
 def _sizes_model(coord: str, mode: str) -> bytes:
     """Resizes to sizes known at run time over x (b, 8, h, w): a strided conv's output back
     to ``Shape(x)`` (added to x, so the dims must be x's), a global pool's 1x1 back to x's
-    H and W (DeepLabV3's ASPP pooling branch, concatenated with x), and x to a fixed 20 x 13."""
+    H and W (DeepLabV3's ASPP pooling branch, concatenated with x), x to a fixed 20 x 13, and
+    a max pool's output back to ``Shape(x)`` then averaged over H and W."""
     m = _Model()
     d = m.op("Conv", "x", m.weight(8, 8, 3, 3), pads=[1, 1, 1, 1], strides=[2, 2])
     up = m.op("Resize", d, "", "", m.op("Shape", "x"), mode=mode, coordinate_transformation_mode=coord)
@@ -275,6 +276,10 @@ def _sizes_model(coord: str, mode: str) -> bytes:
     m.out(m.op("Concat", "x", back, axis=1))
     fixed = m.op("Concat", bc, m.const(np.array([20, 13], "int64")), axis=0)
     m.out(m.op("Resize", "x", "", "", fixed, mode=mode, coordinate_transformation_mode=coord))
+    # a reduction after the resize: the resize ends its kernel (only it has the runtime size)
+    pool = m.op("MaxPool", "x", kernel_shape=[2, 2], strides=[2, 2])
+    again = m.op("Resize", pool, "", "", m.op("Shape", "x"), mode=mode, coordinate_transformation_mode=coord)
+    m.out(m.op("ReduceMean", again, axes=[2, 3], keepdims=0))
     return m.build([helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8, "h", "w"])])
 
 

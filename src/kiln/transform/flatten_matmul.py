@@ -24,6 +24,11 @@ Rewrites
   are all equal and A alone sets the output's batch shape -- becomes a 2-D dense with the
   constant weight transposed to ``(N, K)`` (the layout the dense kernels want), or a 2-D
   matmul when B is not constant. A plain 2-D ``matmul`` is left as it is.
+* Such a ``matmul`` with a constant B whose rows cannot be merged for free (a dynamic graph,
+  below) becomes ``dense(A, W.T)`` on the N-D ``A``, without flattening: the dense of a
+  constant MatMul weight that the ONNX frontend makes when B is not yet a constant there
+  (``Identity(W)``, as PyTorch exports layers that share one weight), so that
+  ``PackDenseWeights`` stores its weight as panels instead of the kernel repacking it per call.
 * The reshape back to ``[..., N]`` is sunk through the elementwise epilogue that follows
   (bias, activation, GELU's fan-out, residual add), rewriting each op on the 2-D rows, so
   that fusion still puts the epilogue into the dense kernel: an ``OUT_ELEMWISE_FUSABLE``
@@ -40,7 +45,9 @@ and still yields ``__nop`` reshapes.
 Dynamic graphs: the rows are the (symbolic) product of the leading dims, e.g. ``batch*seq``;
 every reshape made here carries its symbolic target (``sym_shape``) so the reshape back to
 ``[batch, seq, N]`` is exact, and shapes are compared by their dims (symbols included), not
-only by their upper bounds.
+only by their upper bounds. Where merging the leading dims would move data (a symbolic dim
+inside them, :func:`_rows_free`), nothing is flattened: a shared constant weight still turns a
+``matmul`` into an N-D ``dense``, whose kernel bounds each leading dim.
 """
 
 from __future__ import annotations
@@ -156,6 +163,26 @@ def _rows_free(v: Value) -> bool:
     return same_padded_layout(t, rows)
 
 
+def _nd_dense(g: Graph, node: Node, a: Value, mat: np.ndarray | Value, kk: int,
+              nn: int) -> list[Value] | None:
+    """``matmul(a, B)`` whose rows are not free (:func:`_rows_free`) as ``dense(a, W.T)`` on
+    ``a`` as it is, when ``W`` is B's shared matrix and a constant.
+
+    ``dense`` takes data of any rank with a static last dim ``K`` (its type relation and
+    symbolic rule) and gives ``a``'s leading dims, symbols included, followed by ``N``; that
+    is the matmul's output exactly when B adds no leading dims of its own (B of higher rank
+    than ``a``, all its batch dims 1, prepends ones a dense cannot produce). The product
+    keeps its leading dims as the frontend's dense for a constant MatMul weight does, and
+    ``PackDenseWeights`` can then store the weight as panels: a matmul would repack it on
+    every call. A non-constant shared B stays a matmul (a dense would only add a transpose).
+    """
+    out = node.outputs[0]
+    if not isinstance(mat, np.ndarray) or a.type.dims[:-1] + (nn,) != out.type.dims:
+        return None
+    w = g.add_constant(np.ascontiguousarray(mat.reshape(kk, nn).T))
+    return [g.add("dense", a, w, name=node.name)]
+
+
 class _Flattener:
     """The rewrite's state: which new-graph values are reshapes of a 2-D row-flat value."""
 
@@ -197,9 +224,11 @@ class _Flattener:
         if a.type.ndim < 2 or b.type.ndim < 2 or (a.type.ndim == 2 and b.type.ndim == 2):
             return None
         mat = _shared_matrix(a, b)
-        if mat is None or not _rows_free(a):
+        if mat is None:
             return None
         kk, nn = b.shape[-2:]
+        if not _rows_free(a):
+            return _nd_dense(g, node, a, mat, kk, nn)
         rows = math.prod(a.shape[:-1])
         a2 = self._rows(g, a, rows)
         if isinstance(mat, np.ndarray):

@@ -35,6 +35,8 @@ group unless it can join the group that holds **all** of its consumers:
   the conv feeding it (conv -> bias -> relu -> global-avg-pool). The "same output shape"
   condition keeps an epilogue from broadcasting the anchor's result to a bigger tensor,
   which anchor schedules do not tile for.
+* an op whose output has a symbolic dim none of its inputs has joins only a group whose output
+  has it too (a kernel reads every runtime extent from an argument, :func:`_introduces_dims`);
 * ``reshape`` nodes with ``alias=True`` (set by Simplify) and ``OPAQUE`` ops stand alone; an
   aliasing reshape becomes a ``__nop`` group (no kernel, shares its input's memory).
 * ``constant`` nodes belong to no group: they are external inputs of the groups using them
@@ -227,6 +229,24 @@ def _keeps_anchor_epilogue(node: Node, pat: OpPattern, g: _Group, consumers: dic
     return False
 
 
+def _sym_dims(values: list[Value]) -> set[str]:
+    return {d for v in values for d in (v.type.sym or ()) if isinstance(d, str)}
+
+
+def _introduces_dims(node: Node, root: Node) -> bool:
+    """Whether ``node`` inside the group of ``root`` would leave a kernel without an extent.
+
+    A kernel knows a symbolic dim's runtime extent only from an argument that has it. An op
+    whose output has a dim none of its inputs has (a resize to runtime sizes, a broadcast of a
+    constant to a data-dependent count) is its own extent's only carrier, so it may sit inside
+    a group only when the group's output has that dim too; else (a resize followed by a mean
+    over H and W) it ends its own group. Its inputs carry their dims by the same rule, down to
+    the group's arguments.
+    """
+    dims = _sym_dims(node.outputs)
+    return bool(dims) and not dims <= _sym_dims(node.inputs) | _sym_dims(root.outputs)
+
+
 def _live_nodes(graph: Graph) -> set[Node]:
     """Nodes that (transitively) feed a graph output; the rest are dead and not compiled."""
     live: set[Node] = set()
@@ -288,7 +308,7 @@ def fuse_ops(graph: Graph, opt_level: int = 3, max_group_size: int = MAX_GROUP_S
                     cons_groups.add(id(group_of[c]))
                     target = group_of[c]
             if ok and len(cons_groups) == 1 and target is not None and not target.closed \
-                    and len(target.nodes) < max_group_size:
+                    and len(target.nodes) < max_group_size and not _introduces_dims(node, target.nodes[0]):
                 newpat = _combine(target, node, pat)
                 if newpat is not None and _keeps_anchor_epilogue(node, pat, target, consumers, outputs):
                     newpat = None
@@ -317,7 +337,8 @@ def fuse_ops(graph: Graph, opt_level: int = 3, max_group_size: int = MAX_GROUP_S
             if len(targets) != 1:
                 continue
             (r,) = targets.values()
-            if r.pattern != OpPattern.COMM_REDUCE or len(r.nodes) + len(g.nodes) > max_group_size:
+            if r.pattern != OpPattern.COMM_REDUCE or len(r.nodes) + len(g.nodes) > max_group_size \
+                    or any(_introduces_dims(n, r.nodes[0]) for n in g.nodes):
                 continue
             r.nodes.extend(g.nodes)
             for n in g.nodes:

@@ -38,31 +38,9 @@ def _constant_of_shape(ctx: Context, node, ins, attrs):
         # A scalar broadcast to the symbolic shape: its upper bound is stored, the runtime
         # extent is the dims.
         one = ctx.const(np.full((1,) * len(dims), value[0], dtype=value.dtype))
-        like = _data_dependent_carrier(ctx, dims)
-        if like is not None:
-            # ``full_like`` of a data-dependent count (torchvision's per-class labels): a
-            # broadcast of a constant knows its length only from its output, and fused into a
-            # Concat of such pieces (length topk_0 + topk_1 + ...) no kernel argument has it
-            # any more. Reading a value that has exactly these dims (a select whose two sides
-            # are the fill value, so its data does not matter) makes that value an argument of
-            # whatever kernel the fill ends up in.
-            return ctx.emit1("where", ctx.cast(like, "bool"), one, one)
         return _broadcast_sym(ctx, one, dims)
     ctx.check_size(dims, "the shape input")
     return ctx.const(np.full(dims, value[0], dtype=value.dtype))
-
-
-def _data_dependent_carrier(ctx: Context, dims):
-    """The latest value of the graph whose dims are exactly ``dims``, when those hold a
-    data-dependent symbol (a kernel decides it); else None."""
-    dims = tuple(sym.canonical(d) for d in dims)
-    if not sym.dims_symbols(dims) & set(ctx.graph.data_dims):
-        return None
-    for n in reversed(ctx.graph.nodes):
-        for v in n.outputs:
-            if tuple(v.type.dims) == dims:
-                return v
-    return None
 
 
 def _broadcast_sym(ctx: Context, x, dims):
