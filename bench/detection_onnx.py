@@ -299,7 +299,7 @@ def match(got: Sequence[np.ndarray], want: Sequence[np.ndarray], score_tol: floa
 
 
 def run_one(name: str, score_thresh: float, out_dir: Path, threads: int, rounds: int,
-            score_tol: float, post: bool = False) -> dict[str, Any]:
+            score_tol: float, post: bool = False, target: str = "llvm -mcpu=native") -> dict[str, Any]:
     """Export, build, run and compare one model at one score threshold."""
     import kiln
 
@@ -323,7 +323,7 @@ def run_one(name: str, score_thresh: float, out_dir: Path, threads: int, rounds:
     graph, params = kiln.frontend.from_onnx(str(onnx_path), shape={"image": (1, 3, hw, hw)}, dtype="float32")
     res["import_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    lib = kiln.build(graph, target="llvm", params=params)
+    lib = kiln.build(graph, target=target, params=params)
     res["build_s"] = time.perf_counter() - t0
     so = out_dir / f"{tag}.so"
     lib.export_library(str(so))
@@ -348,7 +348,7 @@ def run_one(name: str, score_thresh: float, out_dir: Path, threads: int, rounds:
     res["kiln_ms"] = 1e3 * float(np.median(kt))
     res["ort_ms"] = 1e3 * float(np.median(ot))
     if post:
-        res["post"] = run_postprocess(name, score_thresh, out_dir, threads, hw)
+        res["post"] = run_postprocess(name, score_thresh, out_dir, threads, hw, target)
     return res
 
 
@@ -367,7 +367,8 @@ def postprocess_feeds(reg: np.ndarray, logits: np.ndarray, anchors: np.ndarray) 
             ("random logits, 12 standing out", {"bbox_regression": reg_r, "cls_logits": few, "anchors": anchors})]
 
 
-def run_postprocess(name: str, score_thresh: float, out_dir: Path, threads: int, hw: int) -> list[tuple]:
+def run_postprocess(name: str, score_thresh: float, out_dir: Path, threads: int, hw: int,
+                    target: str = "llvm -mcpu=native") -> list[tuple]:
     """The post-processing alone, on identical inputs for both engines: the model's own head
     outputs, and logits drawn at random (scores without ties). Returns, per input,
     ``(what, kiln detections, ort detections, exact)``."""
@@ -377,7 +378,7 @@ def run_postprocess(name: str, score_thresh: float, out_dir: Path, threads: int,
     reg, logits, anchors = export_postprocess(name, score_thresh, path, hw)
     graph, params = kiln.frontend.from_onnx(str(path))
     so = out_dir / f"{name}_t{score_thresh:g}_post.so"
-    kiln.build(graph, target="llvm", params=params).export_library(str(so))
+    kiln.build(graph, target=target, params=params).export_library(str(so))
     m = kiln.GraphModule(kiln.runtime.load_module(str(so))["default"](kiln.cpu()))
     sess = ort_session(path, threads)
     out = []
@@ -401,6 +402,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="timed runs of each engine (medians)")
     ap.add_argument("--score-tol", type=float, default=1e-4, help="score tolerance of the tolerant matching")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--target", default="llvm -mcpu=native",
+                    help="Kiln's target (ONNX Runtime picks its kernels for this CPU too)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("KILN_NUM_THREADS", str(args.threads))
@@ -409,7 +412,7 @@ def main() -> None:
             print(f"{name} score_thresh={t:g}", flush=True)
             try:
                 r = run_one(name, t, args.out, args.threads, args.rounds, args.score_tol,
-                            post=name.startswith("ssd"))
+                            post=name.startswith("ssd"), target=args.target)
             except Exception as exc:  # noqa: BLE001 - report and go on with the next model
                 print(f"  FAILED: {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
                 continue

@@ -552,3 +552,28 @@ def test_minilm_dynamic_batch_and_sequence_from_c(driver, tmp_path):
         got = _read(p, line, np.float32)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"shape {shape}")
+
+
+def test_resize_to_runtime_sizes_matches_python(driver, tmp_path):
+    """Resizes whose output dims are runtime sizes (``resize2d``'s ``sym_size``, read by the
+    kernel from its output's DLTensor): the C API sizes those outputs from the shapes alone,
+    as the executor does, and gets the same values at every size."""
+    from tests.executor.test_dynamic_spatial import _sizes_model
+
+    graph, params = kiln.frontend.from_onnx(_sizes_model("half_pixel", "linear"),
+                                            dim_ranges={"b": (1, 3), "h": (8, 48), "w": (8, 48)})
+    lib = _export(kiln.build(graph, target="llvm", params=params), tmp_path, "resize.so")
+    py, ses = _python(lib), Session(driver, lib, tmp_path)
+    xs = [RNG.standard_normal(s).astype("float32") for s in [(2, 8, 17, 9), (1, 8, 48, 48), (3, 8, 8, 31)]]
+    paths = []
+    for x in xs:
+        ses.set(0, x)
+        ses.cmd("run")
+        paths.append([ses.get(i) for i in range(4)])
+    gets = _lines(ses.go(), "get")
+    assert len(gets) == 12
+    for k, (x, ps) in enumerate(zip(xs, paths)):
+        py.run(x=x)
+        for i, path in enumerate(ps):
+            np.testing.assert_array_equal(_read(path, gets[4 * k + i], np.float32), py.get_output(i).numpy(),
+                                          err_msg=f"output {i} at {x.shape}")
