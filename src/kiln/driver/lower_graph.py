@@ -317,13 +317,14 @@ def _host_ops() -> dict[str, str]:
     return HOST_OPS
 
 
-def _prim_kernel(group: FusedGroup) -> Any:
-    """The loop-IR kernel of a single-op group whose op has one (else None)."""
+def _prim_kernel(group: FusedGroup, target: Any) -> Any:
+    """The loop-IR kernel of a single-op group whose op has one for ``target`` (else None: the
+    group is lowered from the op's compute, as any group)."""
     from .. import topi
 
     if len(group.nodes) != 1:
         return None
-    return topi.get_prim_kernel(group.nodes[0].op)
+    return topi.get_prim_kernel(group.nodes[0].op, target)
 
 
 def _lower_prim(group: FusedGroup, fn: Any, name: str, args: Sequence[Value], target: Any) -> Any:
@@ -443,8 +444,8 @@ def _lower_group(group: FusedGroup, name: str, args: Sequence[Value], inlined: S
     return tir.lower(sched, placeholders + outs, name=name)
 
 
-def _shape_generic_groups(fused: FusedGraph, skip: set[int],
-                          inline_limit: int) -> dict[int, tuple[int, int, tuple, int]]:
+def _shape_generic_groups(fused: FusedGraph, skip: set[int], inline_limit: int,
+                          target: Any) -> dict[int, tuple[int, int, tuple, int]]:
     """Groups to lower as shape-generic kernels: ``index -> (axis, extent, key, upper bound)``.
 
     Only groups whose key (the axis's extent left out) is shared by groups of at least two
@@ -455,7 +456,7 @@ def _shape_generic_groups(fused: FusedGraph, skip: set[int],
     found: dict[int, tuple[int, int, tuple]] = {}
     extents: dict[tuple, set[int]] = {}
     for gi, g in enumerate(fused.groups):
-        if gi in skip or g.is_nop or _control_func(g) is not None or _prim_kernel(g) is not None:
+        if gi in skip or g.is_nop or _control_func(g) is not None or _prim_kernel(g, target) is not None:
             continue
         inlined = [v for v in g.inputs if is_inlinable_constant(v, inline_limit)]
         ga = _generic_axis(g, inlined)
@@ -508,7 +509,7 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
     used: set[str] = set()
     graph_wide = whole_graph and _on_cpu(target)
     in_place = inplace_concat_groups(fused) if graph_wide else set()
-    generic = _shape_generic_groups(fused, in_place, inline_limit) if graph_wide else {}
+    generic = _shape_generic_groups(fused, in_place, inline_limit, target) if graph_wide else {}
     for gi, g in enumerate(fused.groups):
         if g.is_nop:
             _check_nop_layout(g)
@@ -529,7 +530,7 @@ def lower_fused_graph(fused: FusedGraph, target: Any, mod_name: str = "default",
             # string ops: a Python function of the runtime (kiln.runtime.strings), no kernel
             calls.append(LoweredCall(g, "__host", list(g.nodes[0].inputs), list(g.outputs)))
             continue
-        prim = _prim_kernel(g)
+        prim = _prim_kernel(g, target)
         # a loop-IR kernel takes every input as an argument (no compute to inline into), one per
         # input of its node: a value read twice (Compress(b, b), equal constants merged by CSE)
         # is passed twice, as the kernel unpacks its arguments by position

@@ -23,7 +23,7 @@ from ..target.kind import get_target_kind
 
 __all__ = [
     "ComputeFn", "ScheduleFn", "register_compute", "get_compute", "has_compute", "list_computes",
-    "register_schedule", "get_schedule", "schedule_group", "target_kind", "PrimKernelFn",
+    "register_schedule", "get_schedule", "schedule_group", "target_kind", "target_keys", "PrimKernelFn",
     "register_prim_kernel", "get_prim_kernel",
 ]
 
@@ -35,7 +35,8 @@ ScheduleFn = Callable[[list, Any], Any]
 _COMPUTES: dict[str, ComputeFn] = {}
 #: ``fn(attrs, args: list[tir.Buffer], outs: list[tir.Buffer], name: str, target) -> PrimFunc``
 PrimKernelFn = Callable[[dict, list, list, str, Any], Any]
-_PRIM_KERNELS: dict[str, PrimKernelFn] = {}
+#: op name -> (kernel, the target keys it is for or None for every target)
+_PRIM_KERNELS: dict[str, tuple[PrimKernelFn, tuple[str, ...] | None]] = {}
 _SCHEDULES: dict[tuple[str, str], ScheduleFn] = {}
 
 _PATTERN_NAMES = {0: "ELEMWISE", 1: "BROADCAST", 2: "INJECTIVE", 3: "COMM_REDUCE",
@@ -75,6 +76,12 @@ def _kind_keys(kind: str) -> list[str]:
         return get_target_kind(kind).default_keys
     except KilnError:  # "generic" or an unregistered kind: no keys
         return []
+
+
+def target_keys(target: Any) -> list[str]:
+    """The keys (``"cpu"``, ``"gpu"``, ...) of a target string or Target object: its own
+    ``keys``, else its kind's default keys (none for None or an unknown kind)."""
+    return list(getattr(target, "keys", None) or _kind_keys(target_kind(target)))
 
 
 def target_kind(target: Any) -> str:
@@ -147,33 +154,60 @@ def has_compute(op_name: str) -> bool:
     return op_name in _COMPUTES
 
 
-def register_prim_kernel(op_name: str, fn: PrimKernelFn | None = None) -> Any:
+def register_prim_kernel(op_name: str, fn: PrimKernelFn | None = None, *,
+                         keys: Sequence[str] | None = None) -> Any:
     """Register a kernel written directly as loop IR for IR op ``op_name`` (a decorator too).
 
     For ops a tensor expression cannot state: data-dependent outputs (NonZero, Unique, NMS)
     whose kernel counts as it writes and reports the count as its output's extent
     (``tir.set_extent``), and loops whose extents and indices come from tables
-    (``kiln.topi.ml``: n-gram matching, tree walks). The op must be ``OPAQUE`` (a kernel of its
-    own). The driver calls
+    (``kiln.topi.ml``: n-gram matching, tree walks); and for ops a tensor expression states only
+    at a cost (ScatterElements, whose search form is ``O(data * updates along the axis)``).
+    The op must be ``OPAQUE`` (a kernel of its own). The driver calls
     ``fn(attrs, args, outs, name, target)`` with parameter :class:`~kiln.tir.Buffer` s, one per
     input of the node (a value it reads twice is two arguments) and per output (``dyn``
     set for symbolic dims the kernel reads; a data-dependent dim the kernel decides is left
     static at its upper bound) and uses the returned :class:`~kiln.tir.PrimFunc` as is.
+
+    Parameters
+    ----------
+    op_name : str
+        IR op name.
+    fn : callable, optional
+        The kernel builder; when omitted, a decorator is returned.
+    keys : sequence of str, optional
+        Target keys (``("cpu",)``) the kernel is for: on a target with none of them the driver
+        lowers the op's compute (:func:`register_compute`, which must then exist) as for any
+        op. None (the default): every target.
     """
+    for_keys = None if keys is None else tuple(keys)
+    if for_keys is not None and (not for_keys or not all(isinstance(k, str) and k for k in for_keys)):
+        raise KilnError(f"loop-IR kernel of op {op_name!r}: keys must be non-empty target keys, got {keys!r}")
 
     def reg(f: PrimKernelFn) -> PrimKernelFn:
         if op_name in _PRIM_KERNELS:
             raise KilnError(f"a loop-IR kernel for op {op_name!r} is already registered")
-        _PRIM_KERNELS[op_name] = f
+        _PRIM_KERNELS[op_name] = (f, for_keys)
         return f
 
     return reg if fn is None else reg(fn)
 
 
-def get_prim_kernel(op_name: str) -> PrimKernelFn | None:
-    """The loop-IR kernel of ``op_name`` (:func:`register_prim_kernel`), or None."""
+def get_prim_kernel(op_name: str, target: Any = None) -> PrimKernelFn | None:
+    """The loop-IR kernel of ``op_name`` (:func:`register_prim_kernel`) for ``target``, or None.
+
+    ``target`` (a target string or :class:`~kiln.target.Target`) None: the kernel whatever
+    targets it is for. Otherwise None too where the kernel was registered for target keys of
+    which ``target`` has none (the op's compute is its form there).
+    """
     _ensure_builtin()
-    return _PRIM_KERNELS.get(op_name)
+    entry = _PRIM_KERNELS.get(op_name)
+    if entry is None:
+        return None
+    fn, for_keys = entry
+    if target is None or for_keys is None or set(for_keys) & set(target_keys(target)):
+        return fn
+    return None
 
 
 def list_computes() -> list[str]:
@@ -231,7 +265,7 @@ def get_schedule(anchor_op_name: str | None, pattern: Any, target: Any) -> Sched
     if pk is not None:
         keys.append(pk)
     # GPU targets (keys contain "gpu") prefer any GPU schedule over the generic CPU ones
-    gpu = "gpu" in (getattr(target, "keys", None) or _kind_keys(kind))
+    gpu = "gpu" in target_keys(target)
     order = ([(key, k) for k in (kind, "gpu") for key in keys] + [(key, "generic") for key in keys] if gpu
              else [(key, k) for key in keys for k in (kind, "generic")])
     for key, k in order:

@@ -10,7 +10,7 @@ from .registry import register_compute
 from ..te.dynamic import PADDED_EXTENTS
 from .util import TAG_BROADCAST, TAG_INJECTIVE, bload, load, norm_axis
 
-__all__ = ["reshape", "reshape_padded", "flat_index", "unravel", "data_index"]
+__all__ = ["reshape", "reshape_padded", "flat_index", "unravel", "data_index", "index_subject"]
 
 
 def flat_index(idx: Sequence[Any], shape: Sequence[int]) -> Any:
@@ -195,15 +195,40 @@ def data_index(v: Any, x: te.Tensor, axis: int, op: str) -> Any:
     proven to be in bounds, and reports a bad one the same way.
     """
     n = int(x.shape[axis])
-    what = f"{op}: index into axis {axis} (size {n}) of data with shape {tuple(int(d) for d in x.shape)}"
     # an axis of dynamic extent checks against (and wraps negatives by) its runtime extent:
     # an index into the padding is as out of range as one past the storage
     rt = x.dyn[axis] if x.dyn is not None else None
-    if rt is not None:
-        what = f"{op}: index into axis {axis} (dynamic size, at most {n}) of data"
+    what = index_subject(op, x.shape, axis, rt is not None)
     # the checked value lies in [0, n): int32 keeps the offset arithmetic as narrow as a loop
     # index's (the codegens widen offsets of buffers with 2**31 or more elements)
     return te.cast(te.checked_index(v, n if rt is None else rt, what), "int32")
+
+
+def index_subject(op: str, shape: Sequence[Any], axis: int, dynamic: bool) -> str:
+    """Subject of the run-time error of a bad index from data (:func:`data_index`).
+
+    Loop-IR kernels that check their indices themselves use it too, so an out-of-range index
+    reads the same whichever form of a kernel met it.
+
+    Parameters
+    ----------
+    op : str
+        The op, first word of the message.
+    shape : sequence of int
+        The indexed data's shape (upper bounds for dynamic dims).
+    axis : int
+        The indexed axis.
+    dynamic : bool
+        Whether ``axis`` has a runtime extent (the message then gives its bound only).
+
+    Returns
+    -------
+    str
+    """
+    n = int(shape[axis])
+    if dynamic:
+        return f"{op}: index into axis {axis} (dynamic size, at most {n}) of data"
+    return f"{op}: index into axis {axis} (size {n}) of data with shape {tuple(int(d) for d in shape)}"
 
 
 @register_compute("take")
@@ -284,7 +309,8 @@ def scatter_elements(attrs: dict, inputs: list, out_types: list) -> list:
     """ONNX ScatterElements (reduction ``none``) as a search: ``found[p]`` is the last update
     position along ``axis`` whose index is ``p[axis]`` (``O(size * updates along axis)``);
     ``out[p]`` is that update, or ``data[p]``. Every index is checked (see
-    :func:`data_index`): each one is compared with every position of the axis."""
+    :func:`data_index`): each one is compared with every position of the axis. The form of
+    device targets; CPU targets use the copy-then-scatter kernel of :mod:`.index`."""
     x, ind, upd = inputs
     nd = len(x.shape)
     axis = norm_axis(int(attrs.get("axis", 0)), nd)
