@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 from ... import te
 from ...target import ISA
+from ...te.dynamic import explicit_dyn
 from ...tir.vectorize import chunk_lanes
 from ..knobs import current_config, workload_key
 from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
@@ -303,6 +304,94 @@ def _transpose_copy(st: te.Stage) -> bool:
     return True
 
 
+#: Pixels per tile of a transpose over a runtime width (:func:`_transpose_copy_dynamic`): one
+#: 64-byte line of float32 per channel plane.
+DYN_W_TILE = 16
+#: Channels per unrolled tile body of such a transpose (a loop runs over a block's sub-blocks).
+#: Never :data:`DYN_W_TILE`: an unrolled loop as long as the tile reads as a second tile loop to
+#: the tail partition and keeps it off. Whole 32-channel blocks back to NCHW measured 1.4x
+#: faster at 28 x 28 (13-14 vs 18-20 us) but take 4x the code: ShuffleNetV2's dynamic build
+#: (one such kernel) 26-29 s instead of 20-21 s, 15-17 s without this schedule
+#: (``KILN_CACHE_DIR=$(mktemp -d)``, ``kiln.build`` of the ``bench_dynamic_broad.py`` model).
+DYN_SUB_BLOCK = 8
+
+
+def _transpose_copy_dynamic(s: te.Schedule, st: te.Stage) -> bool:
+    """An NCHW <-> blocked ``layout_transform`` over a runtime width ``W``, scheduled as tiles
+    of :data:`DYN_W_TILE` pixels whose source is staged through a ``local`` copy; False (nothing
+    scheduled) for a static width, one whose upper bound is below two tiles, other layout pairs,
+    and blocked -> NCHW with blocks of fewer than 16 channels.
+
+    :func:`_transpose_copy` keeps the static width inside its tile loops. Over a runtime ``W``
+    that loop has a runtime trip count, and LLVM vectorises it itself: gathers across the block
+    (blocked -> NCHW) or the planes (NCHW -> blocked) and a scalar epilogue. The padded layout
+    makes it worse: planes are the upper bound's, often a power of two (a 28 x 28 stage of an
+    ``h, w <= 256`` model is stored 32 x 32, 4 KiB per plane), so the one float per plane per
+    pixel that a pixel-by-pixel copy touches maps every channel to the same L1 set.
+
+    Here ``W`` is split into tiles of ``t`` pixels, and each tile moves whole runs of ``t``
+    pixels of a channel plane (blocked -> NCHW: stores of ``t`` contiguous floats per channel;
+    NCHW -> blocked: loads of them), :data:`DYN_SUB_BLOCK` channels per unrolled body. The
+    source of a body, or of one channel's run, is a ``local`` copy
+    (:meth:`te.Schedule.cache_read`) attached inside the tile loop: that makes the tile the
+    register-tile form :func:`kiln.tir.unswitch.partition_tail_tiles` cuts into ``W // t``
+    unguarded full tiles plus static-width tails (a tile of 8, then one of exactly the 1-7
+    pixels left), so every inner loop has a static extent and no per-pixel guard; the copy is
+    unrolled and lives in registers. Pixels past the runtime width are never read once the tiles
+    are partitioned; were they not, the copy would read them, and the guarded stores drop them.
+
+    Blocks of 8 channels or fewer back to NCHW keep :func:`_transpose_copy`: LLVM vectorises its
+    loop as an interleave group (shuffles, no gathers), ``[1,8,28,28,8]`` at 4.3 us against 8.8
+    us tiled. So do widths of at most 31: their planes are small (16 x 16 floats, 1 KiB, no
+    set conflicts) and most pixels would be in tail tiles; ShuffleNetV2's 14 x 14 and 7 x 7
+    transforms (upper bounds 16, 8) took 1.0-2.3x their time tiled, and already matched their
+    static kernels. (Zen 5, AVX-512, 1 thread, ``n, h, w <= 8, 32, 32``; per-kernel numbers of the
+    ShuffleNetV2 transforms: ``KILN_NUM_THREADS=1 python bench/profile_dynamic.py --model
+    shufflenetv2 --shape 1x224x224``: ``[1,2,28,28,32] -> NCHW`` 47 -> 20 us, ``[1,116,28,28] ->
+    32c`` 62 -> 28 us; static 12 and 23 us.)
+    """
+    dyn = explicit_dyn(st.op)
+    axes = list(st.op.axis)
+    if (dyn is None or len(dyn) < 4 or dyn[3] is None or len(st.op.input_tensors) != 1
+            or axes[3].dom_extent < 2 * DYN_W_TILE):
+        return False
+    src = st.op.input_tensors[0]
+    t = DYN_W_TILE
+    if len(axes) == 4 and len(src.shape) == 5 and isinstance(src.shape[-1], int) and src.shape[-1] >= 16:
+        n, c, h, w = axes  # blocked -> NCHW: t pixels of a sub-block in registers, stored by channel
+        blk = src.shape[-1]
+        co, ci = st.split(c, factor=blk)
+        cio, cii = st.split(ci, factor=DYN_SUB_BLOCK if blk % DYN_SUB_BLOCK == 0 else blk)
+        wo, wi = st.split(w, factor=t)
+        st.reorder(n, co, h, wo, cio, cii, wi)
+        outer = fuse_outer(st, [n, co, h])
+        st.unroll(cii)
+        st.unroll(wi)
+        stage = s[s.cache_read(src, "local", st)]
+        stage.compute_at(st, cio)
+        for iv in stage.op.axis[3:]:  # t pixels x a sub-block: runs of the source
+            stage.unroll(iv)
+    elif len(axes) == 5 and len(src.shape) == 4 and isinstance(axes[-1].dom_extent, int) and axes[-1].dom_extent >= 4:
+        n, cb, h, w, ci = axes  # NCHW -> blocked: one channel's run of t pixels at a time
+        blk = ci.dom_extent
+        cio, cii = st.split(ci, factor=DYN_SUB_BLOCK if blk % DYN_SUB_BLOCK == 0 else blk)
+        wo, wi = st.split(w, factor=t)
+        st.reorder(n, cb, h, wo, cio, cii, wi)
+        outer = fuse_outer(st, [n, cb, h])
+        st.unroll(cii)
+        st.unroll(wi)
+        # attached per channel, the copy's region is one point of the channel axis even when a
+        # padded block clamps the channel index (further out it would span every channel)
+        stage = s[s.cache_read(src, "local", st)]
+        stage.compute_at(st, cii)
+        stage.unroll(stage.op.axis[3])
+    else:
+        return False
+    if prod(iv.dom_extent for iv in axes) >= PARALLEL_MIN:
+        st.parallel(outer)
+    return True
+
+
 def _root_nchwc(anchor: te.Stage) -> None:
     n, k, y, x, kc = anchor.op.axis
     outer = anchor.fuse(n, k, y)
@@ -342,13 +431,14 @@ def schedule_layout_transform(outs: Sequence[te.Tensor], target: Any = None) -> 
     """A ``layout_transform`` group: the op alone (it is OPAQUE, nothing fuses into it).
 
     Its output stage is the ``layout_transform`` compute: NCHW <-> blocked transposes get
-    :func:`_transpose_copy`, other layout pairs :func:`schedule_blocked_copy`.
+    :func:`_transpose_copy_dynamic` over a runtime width, else :func:`_transpose_copy`; other
+    layout pairs :func:`schedule_blocked_copy`.
     """
     s = prepare(outs)
     handled: set[int] = set()
-    for st in s.stages:
+    for st in list(s.stages):  # (a staging copy adds a stage)
         if isinstance(st.op, te.ComputeOp) and st.is_output and not st.op.reduce_axis:
-            if not _transpose_copy(st):
+            if not (_transpose_copy_dynamic(s, st) or _transpose_copy(st)):
                 schedule_blocked_copy(s, st)
             handled.add(id(st.op))
     return finalize(s, handled, vector_elements(target))
