@@ -352,7 +352,8 @@ def scatter_elements(attrs: dict, inputs: list, out_types: list) -> list:
 def scatter_nd(attrs: dict, inputs: list, out_types: list) -> list:
     """ONNX ScatterND (reduction ``none``) as a search: ``found[p]`` (over the ``k`` indexed
     dims) is the last index row equal to ``p`` (``O(prod(data.shape[:k]) * rows * k)``);
-    ``out[p, j]`` is ``updates[row, j]``, or ``data[p, j]``. Every index is checked."""
+    ``out[p, j]`` is ``updates[row, j]``, or ``data[p, j]``. Every index is checked. The form
+    of device targets; CPU targets use the copy-then-scatter kernel of :mod:`.index`."""
     x, ind, upd = inputs
     k = int(ind.shape[-1])
     qs = tuple(int(d) for d in ind.shape[:-1])
