@@ -243,6 +243,10 @@ def test_refusals_name_the_dims():
     with pytest.raises(UnsupportedOpError, match=r"runtime sizes \(1, 8, h, w\).*mode='cubic'"):
         kiln.frontend.from_onnx(m.build([_input()]), dim_ranges={"h": (8, 48), "w": (8, 48)})
     m = _Model()
+    m.out(m.op("Resize", "x", "", "", m.op("Shape", "x"), coordinate_transformation_mode="tf_half_pixel_for_nn"))
+    with pytest.raises(UnsupportedOpError, match="tf_half_pixel_for_nn"):
+        kiln.frontend.from_onnx(m.build([_input()]), dim_ranges={"h": (8, 48), "w": (8, 48)})
+    m = _Model()
     m.out(m.op("Resize", "x", "", "", m.const(np.array([1, 4, 32, 32], "int64"))))
     with pytest.raises(UnsupportedOpError, match="only H and W of a 4-D input"):
         kiln.frontend.from_onnx(m.build([_input()]), dim_ranges={"h": (8, 48), "w": (8, 48)})

@@ -63,6 +63,18 @@ def _ceildiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _reads(e: PrimExpr) -> bool:
+    """Whether ``e`` loads from a tensor or buffer."""
+    found = False
+
+    def f(n: Any) -> None:
+        nonlocal found
+        found = found or isinstance(n, (ProducerLoad, Load))
+
+    post_order_visit(e, f)
+    return found
+
+
 def _all_of(conds: list[PrimExpr]) -> PrimExpr:
     out = conds[0]
     for c in conds[1:]:
@@ -471,7 +483,9 @@ class _Lowerer:
         if cond is not None:
             kept = []
             for c in conjuncts(cond):
-                if collect_vars(c) & dyn_vars and p <= level_of(c) < n - 1:
+                # (not one that reads a tensor: a stage attached at that loop, which the guard
+                # encloses, may be what produces it)
+                if collect_vars(c) & dyn_vars and p <= level_of(c) < n - 1 and not _reads(c):
                     hoisted.append(c)
                 else:
                     kept.append(c)

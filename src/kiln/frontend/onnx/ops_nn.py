@@ -496,9 +496,12 @@ def _resize_to_runtime_sizes(ctx: Context, x: Value, axes: tuple[int, ...], size
     what = f"Resize of {format_dims(dims)} to runtime sizes {format_dims(out)}"
     if x.type.ndim != 4 or out[:2] != dims[:2]:
         raise ctx.unsupported(f"{what}: only H and W of a 4-D input can take sizes known at run time")
-    if mode not in ("nearest", "linear", "bilinear") or coord == "tf_crop_and_resize":
+    # (tf_half_pixel_for_nn is not the identity at scale 1, where ONNX Runtime copies the
+    # input; the kernel would only know that at run time)
+    if mode not in ("nearest", "linear", "bilinear") or coord in ("tf_crop_and_resize", "tf_half_pixel_for_nn"):
         raise ctx.unsupported(f"{what}: mode={mode!r}, coordinate_transformation_mode={coord!r} "
-                              "(nearest and (bi)linear resizes without a crop are supported)")
+                              "(nearest and (bi)linear resizes, without a crop and other than "
+                              "tf_half_pixel_for_nn, are supported)")
     if attrs.get("antialias", 0) and mode != "nearest":
         raise ctx.unsupported(f"{what}: antialias (whether it applies depends on the runtime scale)")
     if attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
