@@ -184,7 +184,13 @@ def _tile_nchwc(out: te.Stage, anchor: te.Stage, isa: ISA) -> None:
     cfg = current_config("conv2d_nchwc", nchwc_workload(anchor), {"xt": 0, "order": "auto"})
     # rows of the register tile: 1, or a row_x_tile when one row cannot fill the FMA pipes
     rows = None if depthwise or int(cfg["xt"]) else row_x_tile(y.dom_extent, ow, ob, lanes, registers)
-    yr, xt = rows or (1, int(cfg["xt"]) or pick_x_tile(ow, max_x_tile(ob, lanes, depthwise, registers)))
+    widest = max_x_tile(ob, lanes, depthwise, registers)
+    # a runtime width: a divisor of its upper bound means nothing at the actual width, whose
+    # last partial tile the tail partition runs unguarded anyway, so the widest tile that fits
+    # (EfficientNet-B0's 1x1 convs at 56 x 56 under a bound of 64: tiles of 8 -> 14 pixels)
+    dyn = explicit_dyn(out.op)
+    xt_auto = min(ow, widest) if dyn is not None and dyn[3] is not None else pick_x_tile(ow, widest)
+    yr, xt = rows or (1, int(cfg["xt"]) or xt_auto)
     xt = max(1, min(xt, ow))
     xo, xi = out.split(x, factor=xt)
     order = cfg["order"]
