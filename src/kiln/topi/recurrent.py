@@ -15,6 +15,9 @@ from .util import TAG_ELEMWISE, compute_dtype
 
 __all__ = ["roi_align"]
 
+#: Tag of roi_align's per-box lookup tables (not injective: each is its own small stage, never
+#: inlined into the per-channel loop).
+TAG_ROI_TABLE = "roi_align_table"
 #: Cap of an adaptive grid's size (per axis) in the kernel's integer arithmetic.
 _MAX_GRID = float(1 << 24)
 
@@ -118,24 +121,56 @@ def roi_align(data: te.Tensor, rois: te.Tensor, batch_indices: te.Tensor, output
         ys, xs = y1 + te.cast(py, cd) * bh, x1 + te.cast(px, cd) * bw
         return ys, xs, bh / ghf, bw / gwf, first_sample(ys, bh / ghf), first_sample(xs, bw / gwf), gh, gw
 
+    # Everything but the four data reads depends on the box, the bin and the sample only, not
+    # on the channel: the taps, weights and in-range flags of a bin's sample rows (and columns)
+    # are computed once per box into small tables (ONNX Runtime's pre-calculation) instead of
+    # once per channel. Faster R-CNN's box head, 150 boxes x 256 channels x 7 x 7 bins of a
+    # 10 x 10 map, sampling ratio 2: 29.3 -> 17.0 ms (ONNX Runtime 13.1 ms; a one-node graph,
+    # ``bench/bench_ab.py`` of the two trees, ``llvm -mcpu=native``, Zen 5, 1 thread).
+    def axis_table(length: int, grid: int, axis: int, size: int) -> list[Any]:
+        """Per (box, bin, sample) along rows (``axis`` 0) or columns: [lo, hi, w_lo, w_hi, valid]."""
+        def coord(r: Any, p: Any, g: Any) -> Any:
+            ys, xs, sy, sx, iy0, ix0, _, _ = bin_start(r, p, p)
+            start, step, first = (ys, sy, iy0) if axis == 0 else (xs, sx, ix0)
+            # ONNX Runtime's expression for the sample position, so the coordinates round alike
+            return start + (te.cast(first + g, cd) + c(0.5)) * step
+
+        tag = "yx"[axis]
+        shape = (num, length, grid)
+        parts = []
+        for q, what in enumerate(("lo", "hi", "wlo", "whi", "ok")):
+            def fn(r: Any, p: Any, g: Any, q: Any = q) -> Any:
+                v = taps(coord(r, p, g), size)[q]
+                return te.cast(v, "int32") if q == 4 else v
+            parts.append(te.compute(shape, fn, name=f"roi_{tag}_{what}", tag=TAG_ROI_TABLE))
+        return parts
+
+    ty = axis_table(oh, gh_max, 0, h)
+    tx = axis_table(ow, gw_max, 1, w)
+
+    def per_bin(length: int, fn: Any, name: str) -> Any:
+        return te.compute((num, length), fn, name=name, tag=TAG_ROI_TABLE)
+
+    # adaptive grids: the first visited sample and the grid size per box and bin row / column
+    first_y = per_bin(oh, lambda r, p: bin_start(r, p, p)[4], "roi_y_first")
+    first_x = per_bin(ow, lambda r, p: bin_start(r, p, p)[5], "roi_x_first")
+    grid_y = te.compute((num,), lambda r: geometry(r)[4], name="roi_grid_y", tag=TAG_ROI_TABLE)
+    grid_x = te.compute((num,), lambda r: geometry(r)[5], name="roi_grid_x", tag=TAG_ROI_TABLE)
+
     def body(r: Any, k: Any, py: Any, px: Any) -> Any:
-        ys, xs, sy, sx, iy0, ix0, gh, gw = bin_start(r, py, px)
         b = data_index(batch_indices[r], data, 0, "roi_align")
-        # ONNX Runtime's expression for the sample position, so the coordinates round alike
-        y = ys + (te.cast(iy0 + ry, cd) + c(0.5)) * sy
-        x = xs + (te.cast(ix0 + rx, cd) + c(0.5)) * sx
-        y0, y1i, wy0, wy1, vy = taps(y, h)
-        x0, x1i, wx0, wx1, vx = taps(x, w)
+        y0, y1i, wy0, wy1, vy = (t[r, py, ry] for t in ty)
+        x0, x1i, wx0, wx1, vx = (t[r, px, rx] for t in tx)
         terms = [wy * wx * te.cast(data[b, k, yi, xi], cd)
                  for yi, wy in ((y0, wy0), (y1i, wy1)) for xi, wx in ((x0, wx0), (x1i, wx1))]
-        ok = te.all(vy, vx)
+        ok = te.all(vy > 0, vx > 0)
         if mode == "avg":
             val = te.if_then_else(ok, terms[0] + terms[1] + terms[2] + terms[3], c(0.0))
         else:
             val = te.if_then_else(ok, te.maximum(te.maximum(terms[0], terms[1]), te.maximum(terms[2], terms[3])),
                                   c(0.0))
         # in the form ``ry < bound``, which the lowering turns into the loop's extent
-        inside = te.all(ry < gh - iy0, rx < gw - ix0) if adaptive else None
+        inside = te.all(ry < grid_y[r] - first_y[r, py], rx < grid_x[r] - first_x[r, px]) if adaptive else None
         if mode == "avg":
             return te.sum(val, axis=[ry, rx], where=inside)
         return te.reduce_max(val, axis=[ry, rx], where=inside)
@@ -143,7 +178,8 @@ def roi_align(data: te.Tensor, rois: te.Tensor, batch_indices: te.Tensor, output
     red = cast(te.Tensor, te.compute((num, ch, oh, ow), body, name=f"roi_align_{mode}"))
 
     def fin(r: Any, k: Any, py: Any, px: Any) -> Any:
-        *_, iy0, ix0, gh, gw = bin_start(r, py, px)
+        gh, gw = grid_y[r], grid_x[r]
+        iy0, ix0 = first_y[r, py], first_x[r, px]
         cnt = te.cast(gh, cd) * te.cast(gw, cd)  # in float: a huge box's grid overflows int32
         v = red[r, k, py, px]
         if mode == "avg":
