@@ -30,6 +30,8 @@ from ..util import is_injective_stage, prod
 __all__ = [
     "VEC", "PARALLEL_MIN", "vector_elements", "prepare", "readers_after_inline", "schedule_injective_stage",
     "schedule_reduce_stage", "attach_to_output", "schedule_injective", "schedule_reduce", "finalize", "fuse_outer",
+    "tile_transpose", "dynamic_transpose", "DYN_W_TILE", "DYN_SUB_BLOCK", "DYN_TRANSPOSE_GROUP",
+    "DYN_TRANSPOSE_MIN_WIDTH",
 ]
 
 #: Innermost split of vectorised loops (elements) when no CPU target is known: two AVX2
@@ -127,7 +129,7 @@ def schedule_injective_stage(s: te.Schedule, st: te.Stage, vec: int = VEC) -> No
         st.parallel(fused)
 
 
-def fuse_outer(st: te.Stage, axes: Sequence[te.IterVar]) -> te.IterVar:
+def fuse_outer(st: te.Stage, axes: Sequence[te.IterVar], dyn: Sequence[Any] | None = None) -> te.IterVar:
     """Fuse ``axes`` (leading axes of ``st``, in order) into one loop to run in parallel.
 
     In the padded layout of dynamic dims, a dynamic axis fused below another one makes the
@@ -135,8 +137,12 @@ def fuse_outer(st: te.Stage, axes: Sequence[te.IterVar]) -> te.IterVar:
     ``H_ub - h_rt`` rows of every channel): the axes are fused only up to the first such
     axis, the rest stay loops of their own, which stop at their runtime extents. A dynamic
     first axis is fine (the fused loop then runs ``n_rt * rest`` times).
+
+    ``dyn``: the ``explicit_dyn`` entries of ``axes`` (None: the stage's own, ``axes`` being
+    its leading axes), for axes of ``st`` in another order.
     """
-    dyn = explicit_dyn(st.op)
+    if dyn is None:
+        dyn = explicit_dyn(st.op)
     cut = len(axes)
     if dyn is not None:
         cut = next((i for i in range(1, cut) if dyn[i] is not None), cut)
@@ -149,6 +155,178 @@ def fuse_outer(st: te.Stage, axes: Sequence[te.IterVar]) -> te.IterVar:
 
 #: Static iterations :func:`fuse_outer` keeps in a parallel loop before it stops at a dynamic axis.
 _MIN_PARALLEL_ROWS = 64
+
+
+# ----------------------------------------------------------------------------- transposes over a runtime width
+#: Pixels per tile of a transpose over a runtime width (:func:`tile_transpose`): one 64-byte
+#: line of float32 per channel plane.
+DYN_W_TILE = 16
+#: Channels per unrolled tile body of a ``layout_transform`` over a runtime width (a loop runs
+#: over a block's sub-blocks). Never :data:`DYN_W_TILE`: an unrolled loop as long as the tile
+#: reads as a second tile loop to the tail partition and keeps it off. Whole 32-channel blocks
+#: back to NCHW measured 1.4x faster at 28 x 28 (13-14 vs 18-20 us, the tile loop then outside
+#: the channel loop) but take 4x the code: ShuffleNetV2's dynamic build (one such kernel)
+#: 26-29 s instead of 20-21 s, 15-17 s without this schedule (``KILN_CACHE_DIR=$(mktemp -d)``,
+#: ``kiln.build`` of the ``bench_dynamic_broad.py`` model).
+DYN_SUB_BLOCK = 8
+#: Channels per tile of a ``transpose`` over a runtime width (:func:`dynamic_transpose`) when
+#: it divides the channels: 4 took 0.80-0.85x the time of 8 on ConvNeXt-T's fused ``transpose
+#: -> multiply -> add -> transpose`` (96-384 channels, 56 x 56 to 14 x 14), 0.87-1.09x on its
+#: plain transposes (Zen 5, AVX-512, 1 thread, kernels under ``GraphModuleDebug.profile``).
+DYN_TRANSPOSE_GROUP = 4
+#: Fewest pixels (the upper bound) of the runtime width :func:`dynamic_transpose` tiles: at 7 x 7
+#: under a bound of 8 the tiles (all tail tiles) still took 0.6-0.7x the time of the
+#: pixel-by-pixel kernels.
+DYN_TRANSPOSE_MIN_WIDTH = 8
+
+
+def tile_transpose(s: te.Schedule, st: te.Stage, srcs: Sequence[te.Tensor], outer: Sequence[te.IterVar],
+                   pixel: te.IterVar, chan: te.IterVar, group: int, planar: bool, stage_axes: Sequence[int],
+                   outer_dyn: Sequence[Any] | None = None) -> te.IterVar:
+    """Schedule a copy between a layout whose contiguous axis is the pixels of a runtime width
+    and one whose contiguous axis is the channels (NCHW <-> NHWC, NCHW <-> NCHW[x]c) as tiles
+    of :data:`DYN_W_TILE` pixels x ``group`` channels whose source is staged through a ``local``
+    copy; returns the fused outer loop (parallel when the copy is large).
+
+    Loops ``outer, channel group, pixel tile, channel, pixel``: a group of ``group`` channel
+    planes walks the row in runs of :data:`DYN_W_TILE` pixels (a 64-byte line per plane), so
+    at most ``group`` planes are in flight whatever their spacing, and a line's full tile and
+    its tail tiles (which share the row's last line) follow each other. The padded layout
+    often makes the spacing a power of two (a 28 x 28 stage of an ``h, w <= 256`` model is
+    stored 32 x 32, 4 KiB per plane): a pixel-by-pixel copy touches one float of every plane
+    per pixel, every plane maps to the same L1 set, and each line is fetched again for every
+    pixel it holds. (With the pixel tiles outside the channel groups, the tails wrote the last
+    line of every plane twice, the second time after the other planes evicted it: NCHW32c ->
+    NCHW at 28 x 28, ``[1,6,28,28,32]``, 73 us against 36 us this way and 35 us static.)
+
+    Each source in ``srcs`` (read by ``st``, possibly through inlined stages) is a ``local``
+    copy (:meth:`te.Schedule.cache_read`): a planar source (``planar``: its contiguous axis is
+    the pixels) one channel's run of the tile at a time, attached at the channel loop (the
+    copy's region is one point of the channel axis even when a padded block clamps the channel
+    index); a channel-contiguous one the whole ``pixels x group`` tile, attached at the tile
+    loop. That makes the tile the register-tile form
+    :func:`kiln.tir.unswitch.partition_tail_tiles` cuts into ``W // 16`` unguarded full tiles
+    plus static-width tails (a tile of 8, then one of exactly the 1-7 pixels left), so every
+    inner loop has a static extent and no per-pixel guard; the copy is unrolled and lives in
+    registers. Pixels past the runtime width are never read once the tiles are partitioned;
+    were they not, the copy would read them, and the guarded stores drop them.
+
+    Parameters
+    ----------
+    s : te.Schedule
+        The schedule.
+    st : te.Stage
+        The copy's stage.
+    srcs : sequence of te.Tensor
+        The tensors to stage.
+    outer : sequence of te.IterVar
+        The axes of ``st`` outside the tiles, in order (fused up to a dynamic one,
+        :func:`fuse_outer`).
+    pixel, chan : te.IterVar
+        The axes of ``st`` tiled by :data:`DYN_W_TILE` and by ``group`` (never
+        :data:`DYN_W_TILE`).
+    group : int
+        Channels per tile.
+    planar : bool
+        Whether the sources are contiguous along the pixels.
+    stage_axes : sequence of int
+        The axes of each staged copy the tile spans (unrolled).
+    outer_dyn : sequence, optional
+        The ``explicit_dyn`` entries of ``outer`` when they are not ``st``'s leading axes.
+    """
+    total = prod(iv.dom_extent for iv in st.op.axis)
+    co, ci = st.split(chan, factor=group)
+    wo, wi = st.split(pixel, factor=DYN_W_TILE)
+    st.reorder(*outer, co, wo, ci, wi)
+    fused = fuse_outer(st, outer, outer_dyn)
+    st.unroll(ci)
+    st.unroll(wi)
+    for src in srcs:
+        stage = s[s.cache_read(src, "local", st)]
+        stage.compute_at(st, ci if planar else wo)
+        for i in stage_axes:
+            stage.unroll(stage.op.axis[i])
+    if total >= PARALLEL_MIN:
+        st.parallel(fused)
+    return fused
+
+
+def _transpose_group(channels: int) -> int:
+    """Channels per tile of :func:`dynamic_transpose`: :data:`DYN_TRANSPOSE_GROUP` when it
+    divides ``channels``, else the largest divisor up to 8."""
+    if channels % DYN_TRANSPOSE_GROUP == 0:
+        return DYN_TRANSPOSE_GROUP
+    return next(f for f in range(min(channels, 8), 0, -1) if channels % f == 0)
+
+
+def dynamic_transpose(s: te.Schedule, st: te.Stage) -> bool:
+    """An injective stage that moves a static channel axis across a runtime width (NCHW ->
+    NHWC, NHWC -> NCHW, with elementwise ops fused) gets :func:`tile_transpose`; False (nothing
+    scheduled) for anything else.
+
+    The stage qualifies when some of its reads (through inlined stages) are transposed: their
+    contiguous (last) index is a bare axis ``a`` of the output other than its last, and the
+    output's last axis is a bare index before it. ``a`` and the output's last axis are the
+    pixels and the channels: one dynamic (the pixels, an upper bound of at least
+    :data:`DYN_TRANSPOSE_MIN_WIDTH`), the other static. Those reads (one index tuple per tensor)
+    are staged; the others (contiguous along the output, broadcast) stay as they are. A stage
+    without a dynamic dim never qualifies: static kernels do not change.
+
+    ConvNeXt-T with ``batch, h, w`` in ``1..8 x 64..256`` at 1 x 224 x 224, where the feature
+    maps are stored 64 x 64 down to 8 x 8: NCHW -> NHWC at 56 x 56 x 96 555 -> 71 us per call
+    (static build 92), 28 x 28 x 192 263 -> 35 (44), 14 x 14 x 384 45 -> 16 (21); the fused
+    ``transpose -> multiply -> add -> transpose`` 557 -> 91 (86); NHWC -> NCHW at 56 x 56 x 96
+    135 -> 64 (97); its transposes and layout transforms together 5967 -> 2246 us (static 2793),
+    the whole model's kernels 1.14x -> 1.03x the static build's (Zen 5, AVX-512,
+    ``KILN_NUM_THREADS=1 python bench/profile_dynamic.py --model convnext_t --shape 1x224x224``).
+    """
+    op = st.op
+    dyn = explicit_dyn(op)
+    if (dyn is None or not isinstance(op, te.ComputeOp) or op.reduce_axis or len(op.body) != 1
+            or st.attach_type != "root"):
+        return False
+    axes = list(op.axis)
+    last = len(axes) - 1
+    if last < 2:
+        return False
+    pos = {iv.var: i for i, iv in enumerate(axes)}
+    plan: tuple[int, int] | None = None  # (pixel axis, channel axis)
+    srcs: dict[te.Tensor, ProducerLoad] = {}
+    for ld in _inlined_loads(s, st):
+        idx = list(ld.indices)
+        a = pos.get(idx[-1]) if idx and isinstance(idx[-1], Var) else None
+        if a is None or a == last:
+            continue  # contiguous along the output, or along none of its axes
+        if not any(i is axes[last].var for i in idx[:-1]):
+            return False  # a broadcast across the output's last axis
+        if dyn[last] is None and dyn[a] is not None:
+            this = (a, last)
+        elif dyn[last] is not None and dyn[a] is None:
+            this = (last, a)
+        else:
+            return False
+        prev = srcs.get(ld.producer)
+        if (plan is not None and this != plan) or (prev is not None and any(
+                not (x is y or str(x) == str(y)) for x, y in zip(prev.indices, ld.indices))):
+            return False
+        plan = this
+        srcs[ld.producer] = ld
+    if plan is None:
+        return False
+    pixel, chan = plan
+    channels = axes[chan].dom_extent
+    if axes[pixel].dom_extent < DYN_TRANSPOSE_MIN_WIDTH or not isinstance(channels, int):
+        return False
+    planar = pixel != last
+    stage_axes: set[int] = set()
+    for ld in srcs.values():
+        stage_axes.add(len(ld.indices) - 1)
+        if not planar:
+            stage_axes.add(next(k for k, i in enumerate(ld.indices) if i is axes[pixel].var))
+    outer = [i for i in range(len(axes)) if i not in plan]
+    tile_transpose(s, st, list(srcs), [axes[i] for i in outer], axes[pixel], axes[chan], _transpose_group(channels),
+                   planar, sorted(stage_axes), [dyn[i] for i in outer])
+    return True
 
 
 def _inlined_loads(s: te.Schedule, st: te.Stage) -> list[ProducerLoad]:
@@ -342,9 +520,16 @@ def finalize(s: te.Schedule, handled: set[int], vec: int = VEC) -> te.Schedule:
 
 
 def schedule_injective(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:
-    """Elementwise / broadcast / injective groups (and the fallback for everything else)."""
+    """Elementwise / broadcast / injective groups (and the fallback for everything else).
+
+    Outputs that transpose a channel axis across a runtime width get :func:`dynamic_transpose`.
+    """
     s = prepare(outs)
-    return finalize(s, set(), vector_elements(target))
+    handled: set[int] = set()
+    for st in list(s.stages):  # (a staging copy adds a stage)
+        if isinstance(st.op, te.ComputeOp) and st.is_output and dynamic_transpose(s, st):
+            handled.add(id(st.op))
+    return finalize(s, handled, vector_elements(target))
 
 
 def schedule_reduce(outs: Sequence[te.Tensor], target: Any = None) -> te.Schedule:

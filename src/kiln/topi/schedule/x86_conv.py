@@ -42,7 +42,8 @@ from ..nn.conv2d import TAG_CONV2D, TAG_CONV2D_T, TAG_DEPTHWISE
 from ..nn.conv2d_nchwc import TAG_CONV2D_NCHWC, TAG_DEPTHWISE_NCHWC, TAG_POOL_NCHWC
 from ..registry import register_schedule
 from ..util import prod
-from .generic import PARALLEL_MIN, finalize, fuse_outer, prepare, schedule_injective_stage, vector_elements
+from .generic import (DYN_SUB_BLOCK, DYN_W_TILE, PARALLEL_MIN, finalize, fuse_outer, prepare,
+                      schedule_injective_stage, tile_transpose, vector_elements)
 from .x86 import _find, _keep_root_helpers, _single_output_epilogue, schedule_isa
 
 __all__ = ["schedule_conv2d", "schedule_conv2d_nchwc", "schedule_layout_transform", "schedule_blocked_copy",
@@ -310,23 +311,12 @@ def _transpose_copy(st: te.Stage) -> bool:
     return True
 
 
-#: Pixels per tile of a transpose over a runtime width (:func:`_transpose_copy_dynamic`): one
-#: 64-byte line of float32 per channel plane.
-DYN_W_TILE = 16
-#: Channels per unrolled tile body of such a transpose (a loop runs over a block's sub-blocks).
-#: Never :data:`DYN_W_TILE`: an unrolled loop as long as the tile reads as a second tile loop to
-#: the tail partition and keeps it off. Whole 32-channel blocks back to NCHW measured 1.4x
-#: faster at 28 x 28 (13-14 vs 18-20 us) but take 4x the code: ShuffleNetV2's dynamic build
-#: (one such kernel) 26-29 s instead of 20-21 s, 15-17 s without this schedule
-#: (``KILN_CACHE_DIR=$(mktemp -d)``, ``kiln.build`` of the ``bench_dynamic_broad.py`` model).
-DYN_SUB_BLOCK = 8
-
-
 def _transpose_copy_dynamic(s: te.Schedule, st: te.Stage) -> bool:
     """An NCHW <-> blocked ``layout_transform`` over a runtime width ``W``, scheduled as tiles
-    of :data:`DYN_W_TILE` pixels whose source is staged through a ``local`` copy; False (nothing
-    scheduled) for a static width, one whose upper bound is below two tiles, other layout pairs,
-    and blocked -> NCHW with blocks of fewer than 16 channels.
+    of :data:`DYN_W_TILE` pixels whose source is staged through a ``local`` copy
+    (:func:`~kiln.topi.schedule.generic.tile_transpose`); False (nothing scheduled) for a static
+    width, one whose upper bound is below two tiles, other layout pairs, and blocked -> NCHW
+    with blocks of fewer than 16 channels.
 
     :func:`_transpose_copy` keeps the static width inside its tile loops. Over a runtime ``W``
     that loop has a runtime trip count, and LLVM vectorises it itself: gathers across the block
@@ -335,16 +325,11 @@ def _transpose_copy_dynamic(s: te.Schedule, st: te.Stage) -> bool:
     ``h, w <= 256`` model is stored 32 x 32, 4 KiB per plane), so the one float per plane per
     pixel that a pixel-by-pixel copy touches maps every channel to the same L1 set.
 
-    Here ``W`` is split into tiles of ``t`` pixels, and each tile moves whole runs of ``t``
-    pixels of a channel plane (blocked -> NCHW: stores of ``t`` contiguous floats per channel;
-    NCHW -> blocked: loads of them), :data:`DYN_SUB_BLOCK` channels per unrolled body. The
-    source of a body, or of one channel's run, is a ``local`` copy
-    (:meth:`te.Schedule.cache_read`) attached inside the tile loop: that makes the tile the
-    register-tile form :func:`kiln.tir.unswitch.partition_tail_tiles` cuts into ``W // t``
-    unguarded full tiles plus static-width tails (a tile of 8, then one of exactly the 1-7
-    pixels left), so every inner loop has a static extent and no per-pixel guard; the copy is
-    unrolled and lives in registers. Pixels past the runtime width are never read once the tiles
-    are partitioned; were they not, the copy would read them, and the guarded stores drop them.
+    Here a sub-block of :data:`DYN_SUB_BLOCK` channels (the whole block when it does not divide
+    it) walks the row in tiles of ``t`` pixels, each moving whole runs of ``t`` pixels of its
+    channel planes (blocked -> NCHW: stores of ``t`` contiguous floats per channel; NCHW ->
+    blocked: loads of them), with unguarded full tiles and static-width tail tiles
+    (``tile_transpose`` says how).
 
     Blocks of 8 channels or fewer back to NCHW keep :func:`_transpose_copy`: LLVM vectorises its
     loop as an interleave group (shuffles, no gathers), ``[1,8,28,28,8]`` at 4.3 us against 8.8
@@ -354,7 +339,9 @@ def _transpose_copy_dynamic(s: te.Schedule, st: te.Stage) -> bool:
     static kernels. (Zen 5, AVX-512, 1 thread, ``n, h, w <= 8, 32, 32``; per-kernel numbers of the
     ShuffleNetV2 transforms: ``KILN_NUM_THREADS=1 python bench/profile_dynamic.py --model
     shufflenetv2 --shape 1x224x224``: ``[1,2,28,28,32] -> NCHW`` 47 -> 20 us, ``[1,116,28,28] ->
-    32c`` 62 -> 28 us; static 12 and 23 us.)
+    32c`` 62 -> 28 us; static 12 and 23 us. With the tiles inside the sub-block loop rather than
+    outside it, the ConvNeXt-T transforms at 28 x 28 under a bound of 32, ``[1,6,28,28,32] ->
+    NCHW`` 73 -> 36 us and ``[1,192,28,28] -> 32c`` 46 -> 34 us, static 35 and 31 us.)
     """
     dyn = explicit_dyn(st.op)
     axes = list(st.op.axis)
@@ -362,39 +349,19 @@ def _transpose_copy_dynamic(s: te.Schedule, st: te.Stage) -> bool:
             or axes[3].dom_extent < 2 * DYN_W_TILE):
         return False
     src = st.op.input_tensors[0]
-    t = DYN_W_TILE
     if len(axes) == 4 and len(src.shape) == 5 and isinstance(src.shape[-1], int) and src.shape[-1] >= 16:
         n, c, h, w = axes  # blocked -> NCHW: t pixels of a sub-block in registers, stored by channel
         blk = src.shape[-1]
         co, ci = st.split(c, factor=blk)
-        cio, cii = st.split(ci, factor=DYN_SUB_BLOCK if blk % DYN_SUB_BLOCK == 0 else blk)
-        wo, wi = st.split(w, factor=t)
-        st.reorder(n, co, h, wo, cio, cii, wi)
-        outer = fuse_outer(st, [n, co, h])
-        st.unroll(cii)
-        st.unroll(wi)
-        stage = s[s.cache_read(src, "local", st)]
-        stage.compute_at(st, cio)
-        for iv in stage.op.axis[3:]:  # t pixels x a sub-block: runs of the source
-            stage.unroll(iv)
+        sub = DYN_SUB_BLOCK if blk % DYN_SUB_BLOCK == 0 else blk
+        tile_transpose(s, st, [src], [n, co, h], w, ci, sub, False, (3, 4))  # source: t pixels x sub
     elif len(axes) == 5 and len(src.shape) == 4 and isinstance(axes[-1].dom_extent, int) and axes[-1].dom_extent >= 4:
         n, cb, h, w, ci = axes  # NCHW -> blocked: one channel's run of t pixels at a time
         blk = ci.dom_extent
-        cio, cii = st.split(ci, factor=DYN_SUB_BLOCK if blk % DYN_SUB_BLOCK == 0 else blk)
-        wo, wi = st.split(w, factor=t)
-        st.reorder(n, cb, h, wo, cio, cii, wi)
-        outer = fuse_outer(st, [n, cb, h])
-        st.unroll(cii)
-        st.unroll(wi)
-        # attached per channel, the copy's region is one point of the channel axis even when a
-        # padded block clamps the channel index (further out it would span every channel)
-        stage = s[s.cache_read(src, "local", st)]
-        stage.compute_at(st, cii)
-        stage.unroll(stage.op.axis[3])
+        sub = DYN_SUB_BLOCK if blk % DYN_SUB_BLOCK == 0 else blk
+        tile_transpose(s, st, [src], [n, cb, h], w, ci, sub, True, (3,))
     else:
         return False
-    if prod(iv.dom_extent for iv in axes) >= PARALLEL_MIN:
-        st.parallel(outer)
     return True
 
 
