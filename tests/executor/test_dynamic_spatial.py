@@ -321,6 +321,8 @@ def test_resize_to_runtime_sizes_ir_rule():
     assert [str(d) for d in y.type.dims] == ["1", "8", "2*h", "h"] and y.shape == (1, 8, 128, 64)
     with pytest.raises(InputError, match="sym_size.*'k'.*no declared range"):
         g.add("resize2d", x, size=(8, 8), scales=(2.0, 2.0), sym_size=("k", 8))
+    with pytest.raises(InputError, match=r"sym_size.*dim 2\*h reaches 128, more than the 64"):
+        g.add("resize2d", x, size=(64, 64), scales=(16.0, 16.0), sym_size=("2*h", "h"))
 
 
 def test_atrous_conv_skips_the_rows_of_padding_at_the_runtime_height():

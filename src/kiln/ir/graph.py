@@ -394,6 +394,16 @@ def _sym_types(opdef: Any, in_types: list[TensorType], attrs: dict[str, Any],
         if missing:
             raise InputError(f"{key} {tuple(target)} uses {', '.join(map(repr, missing))} "
                              "which has no declared range")
+        if key != "sym_size":
+            continue
+        # a resize's size is its output's storage: no dim may outgrow it at run time (the
+        # importer computes size from these bounds; an IR built by hand may not)
+        static = attrs["size"]
+        for d, ub in zip(target, static):
+            hi = d if isinstance(d, int) else _sym.bounds(d, ranges)[1]
+            if hi > ub:
+                raise InputError(f"{key} {tuple(target)}: dim {d} reaches {hi}, more than the "
+                                 f"{ub} of the static shape {tuple(static)}")
     rule = get_sym_rule(opdef)
     if rule is None:
         i, t = next((i, t) for i, t in enumerate(in_types) if t.sym is not None)
