@@ -317,6 +317,19 @@ _target_local = threading.local()
 
 
 @contextlib.contextmanager
+def _pushed(local: threading.local, value: Any) -> Iterator[None]:
+    """``value`` on top of ``local``'s per-thread stack while active."""
+    stack = getattr(local, "stack", None)
+    if stack is None:
+        stack = local.stack = []
+    stack.append(value)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+@contextlib.contextmanager
 def kernel_target(target: Any) -> Iterator[None]:
     """Lay kernels out for ``target`` while active: the registered computes read it.
 
@@ -332,14 +345,8 @@ def kernel_target(target: Any) -> Iterator[None]:
     target : Target, str or None
         A CPU target (None: no target).
     """
-    stack = getattr(_target_local, "stack", None)
-    if stack is None:
-        stack = _target_local.stack = []
-    stack.append(target)
-    try:
+    with _pushed(_target_local, target):
         yield
-    finally:
-        stack.pop()
 
 
 def current_kernel_target() -> Any:
@@ -365,14 +372,8 @@ def kernel_dims(dim_var: Callable[[str], Any]) -> Iterator[None]:
     dim_var : callable
         Canonical symbolic dim (str) -> its ``tir.Var`` in this kernel.
     """
-    stack = getattr(_dims_local, "stack", None)
-    if stack is None:
-        stack = _dims_local.stack = []
-    stack.append(dim_var)
-    try:
+    with _pushed(_dims_local, dim_var):
         yield
-    finally:
-        stack.pop()
 
 
 def output_dyn(out_type: Any) -> tuple[Any, ...] | None:
